@@ -1,0 +1,22 @@
+"""Model and tokenizer loading: known names, local directories, GGUF files, hub ids."""
+
+from llmrl.models.errors import MissingExtraError, ModelSpecError
+from llmrl.models.gguf_cache import cache_root, ensure_converted
+from llmrl.models.loading import as_dtype, load_model, load_tokenizer
+from llmrl.models.spec import DEFAULT_MODEL, KNOWN_MODELS, ModelSource, resolve_spec
+from llmrl.models.tiny import tiny_model
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "KNOWN_MODELS",
+    "MissingExtraError",
+    "ModelSource",
+    "ModelSpecError",
+    "as_dtype",
+    "cache_root",
+    "ensure_converted",
+    "load_model",
+    "load_tokenizer",
+    "resolve_spec",
+    "tiny_model",
+]

@@ -1,0 +1,19 @@
+"""Errors raised while resolving and loading models."""
+
+from __future__ import annotations
+
+
+class ModelSpecError(ValueError):
+    """A model spec names nothing llmrl can load (unknown name, missing file, bad format)."""
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is missing; the message names the extra that provides it."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the '{package}' package, which is not installed. "
+            f"Install it with: pip install 'llmrl[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
