@@ -92,9 +92,7 @@ def render_chats(
     return [renderer.render(chat, add_generation_prompt) for chat in chats]
 
 
-def assistant_spans(
-    chat: list[Message], renderer: _Renderer, text: str
-) -> list[tuple[int, int]]:
+def assistant_spans(chat: list[Message], renderer: _Renderer, text: str) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of each assistant message's content + end-of-turn."""
     spans = []
     for index, message in enumerate(chat):

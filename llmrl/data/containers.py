@@ -35,6 +35,21 @@ from llmrl.data.padding import pad_sequences, unpad_sequences
 _FIELDS = ("prompt", "response", "full")
 
 
+def _given_fields(owner: str, prompt: Sequence, response: Sequence, full: Sequence) -> dict:
+    """The fields passed as per-row sequences, checked to share one batch size."""
+    given = {
+        name: list(rows)
+        for name, rows in zip(_FIELDS, (prompt, response, full), strict=True)
+        if rows is not None
+    }
+    if not given:
+        raise ValueError(f"{owner} needs at least one of {_FIELDS}")
+    sizes = {name: len(rows) for name, rows in given.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"{owner}: fields have different batch sizes {sizes}")
+    return given
+
+
 class Masks(TensorClass["nocast"]):
     """Boolean masks aligned with padded ``Tokens``/``LogProbs``.
 
@@ -60,17 +75,8 @@ class _TokenAligned:
         full: Sequence[torch.Tensor] | None = None,
     ) -> Any:
         """A ragged batch from per-row 1-D tensors; ``full`` defaults to prompt + response."""
-        given = {
-            name: seqs
-            for name, seqs in zip(_FIELDS, (prompt, response, full), strict=True)
-            if seqs is not None
-        }
-        if not given:
-            raise ValueError(f"{cls.__name__}.from_sequences needs at least one of {_FIELDS}")
-        sizes = {name: len(seqs) for name, seqs in given.items()}
-        if len(set(sizes.values())) != 1:
-            raise ValueError(f"{cls.__name__}: fields have different batch sizes {sizes}")
-        batch = next(iter(sizes.values()))
+        given = _given_fields(f"{cls.__name__}.from_sequences", prompt, response, full)
+        batch = len(next(iter(given.values())))
         if full is None and prompt is not None and response is not None:
             given["full"] = [torch.cat([p, r]) for p, r in zip(prompt, response, strict=True)]
         rows = [cls(**{name: seqs[i] for name, seqs in given.items()}) for i in range(batch)]
@@ -91,7 +97,7 @@ class _TokenAligned:
         """Dense copy (prompt left-, response right-padded) and the masks to undo it."""
         fields: dict[str, torch.Tensor] = {}
         masks: dict[str, torch.Tensor] = {}
-        present = [f for f in _FIELDS if f in self._tensordict.keys()]
+        present = [f for f in _FIELDS if f in self._tensordict.keys()]  # noqa: SIM118
         for name, side in (("prompt", "left"), ("response", "right")):
             if name in present:
                 fields[name], masks[name] = pad_sequences(self.as_list(name), side, padding_value)
@@ -157,17 +163,12 @@ class Text(TensorClass["nocast"]):
         full: Sequence[str] | None = None,
     ) -> Text:
         """A batch ``[B]``; ``full`` defaults to ``prompt + response``."""
+        given = _given_fields("Text.from_strings", prompt, response, full)
         if full is None and prompt is not None and response is not None:
-            full = [p + r for p, r in zip(prompt, response, strict=True)]
-        given = {k: v for k, v in zip(_FIELDS, (prompt, response, full)) if v is not None}
-        if not given:
-            raise ValueError(f"Text.from_strings needs at least one of {_FIELDS}")
-        sizes = {len(v) for v in given.values()}
-        if len(sizes) != 1:
-            raise ValueError(f"Text: fields have different batch sizes { {k: len(v) for k, v in given.items()} }")
+            given["full"] = [p + r for p, r in zip(given["prompt"], given["response"], strict=True)]
         return cls(
             **{name: NonTensorStack(*values) for name, values in given.items()},
-            batch_size=[sizes.pop()],
+            batch_size=[len(next(iter(given.values())))],
         )
 
 

@@ -98,9 +98,7 @@ class History(TensorClass["nocast"]):
         )
 
     @classmethod
-    def from_text(
-        cls, text: str | list[str], chat_format: str | ChatFormat = "chatml"
-    ) -> History:
+    def from_text(cls, text: str | list[str], chat_format: str | ChatFormat = "chatml") -> History:
         """Parse rendered chat text (one string or a batch) back into a History.
 
         ``chat_format`` is a built-in format name (``chatml`` for SmolLM2 and Qwen, ``llama3``)
@@ -197,7 +195,9 @@ def _check_message(message: Any, where: str) -> Message:
         raise TypeError(f"{where}: expected a dict with 'role' and 'content', got {message!r}")
     unknown = set(message) - _MESSAGE_KEYS
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed {sorted(_MESSAGE_KEYS)}")
+        raise ValueError(
+            f"{where}: unknown keys {sorted(unknown)}; allowed {sorted(_MESSAGE_KEYS)}"
+        )
     for field in ("role", "content"):
         if field not in message:
             raise ValueError(f"{where}: missing field {field!r}")

@@ -1,0 +1,48 @@
+"""Session-wide fixtures: an isolated llmrl cache, SmolLM2's tokenizer and a tiny random model.
+
+The default model is converted from its GGUF once per test session into a temporary cache, so
+the suite never reads or writes the user's ``~/.cache/llmrl``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="llmrl-test-cache-"))
+os.environ["LLMRL_CACHE"] = str(_SESSION_CACHE)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_cache() -> Path:
+    """The cache folder this test session uses (``LLMRL_CACHE``)."""
+    return _SESSION_CACHE
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2-135M-Instruct's real tokenizer (pad == eos == ``<|im_end|>``)."""
+    from llmrl.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny(tokenizer):
+    """A 2-layer random Llama over SmolLM2's vocabulary, built once per session."""
+    from llmrl.models import tiny_model
+
+    return tiny_model(tokenizer)
