@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorClass, lazy_stack
+from tensordict import LazyStackedTensorDict, TensorClass, lazy_stack
 
 from llmrl.data.chat_formats import ChatFormat, detect_chat_format, get_chat_format
-from llmrl.data.padding import pad_sequences
+from llmrl.data.padding import pad_sequences, unpad_sequences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -45,6 +45,12 @@ class ChatTokens(TensorClass["nocast"]):
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     assistant_mask: torch.Tensor
+
+    def as_list(self, field: str) -> list[torch.Tensor]:
+        """The real tokens of each row of ``field``, as 1-D tensors (ragged or padded)."""
+        if isinstance(self._tensordict, LazyStackedTensorDict):
+            return self._tensordict.get(field, as_list=True)
+        return unpad_sequences(getattr(self, field), self.attention_mask)
 
 
 class _Renderer:

@@ -50,7 +50,26 @@ def _given_fields(owner: str, prompt: Sequence, response: Sequence, full: Sequen
     return given
 
 
-class Masks(TensorClass["nocast"]):
+class _RowsAccess:
+    """Reading fields of a container that may be ragged (a lazy stack of rows) or padded."""
+
+    def has(self, field: str) -> bool:
+        """Whether ``field`` (``prompt``, ``response`` or ``full``) is set."""
+        return field in self._tensordict.keys()  # noqa: SIM118 (no `in` on tensordicts)
+
+    @property
+    def is_padded(self) -> bool:
+        """True for dense ``[B, L]`` fields, False for a ragged lazy stack of rows."""
+        return not isinstance(self._tensordict, LazyStackedTensorDict)
+
+    def as_list(self, field: str) -> list[torch.Tensor]:
+        """The rows of a ragged field as a list of 1-D tensors."""
+        if self.is_padded:
+            raise ValueError(f"{type(self).__name__} is padded; call .unpad(masks) first")
+        return self._tensordict.get(field, as_list=True)
+
+
+class Masks(_RowsAccess, TensorClass["nocast"]):
     """Boolean masks aligned with padded ``Tokens``/``LogProbs``.
 
     ``prompt``, ``response`` and ``full`` mark real (non-padding) positions of the matching
@@ -64,8 +83,8 @@ class Masks(TensorClass["nocast"]):
     assistant: torch.Tensor | None = None
 
 
-class _TokenAligned:
-    """Ragged/padded behaviour shared by :class:`Tokens` and :class:`LogProbs`."""
+class _TokenAligned(_RowsAccess):
+    """Ragged/padded conversions shared by :class:`Tokens` and :class:`LogProbs`."""
 
     @classmethod
     def from_sequences(
@@ -82,22 +101,11 @@ class _TokenAligned:
         rows = [cls(**{name: seqs[i] for name, seqs in given.items()}) for i in range(batch)]
         return lazy_stack(rows)
 
-    @property
-    def is_padded(self) -> bool:
-        """True for dense ``[B, L]`` fields, False for a ragged lazy stack of rows."""
-        return not isinstance(self._tensordict, LazyStackedTensorDict)
-
-    def as_list(self, field: str) -> list[torch.Tensor]:
-        """The rows of a ragged field as a list of 1-D tensors."""
-        if self.is_padded:
-            raise ValueError(f"{type(self).__name__} is padded; call .unpad(masks) first")
-        return self._tensordict.get(field, as_list=True)
-
     def pad(self, padding_value: float | int) -> tuple[Any, Masks]:
         """Dense copy (prompt left-, response right-padded) and the masks to undo it."""
         fields: dict[str, torch.Tensor] = {}
         masks: dict[str, torch.Tensor] = {}
-        present = [f for f in _FIELDS if f in self._tensordict.keys()]  # noqa: SIM118
+        present = [name for name in _FIELDS if self.has(name)]
         for name, side in (("prompt", "left"), ("response", "right")):
             if name in present:
                 fields[name], masks[name] = pad_sequences(self.as_list(name), side, padding_value)

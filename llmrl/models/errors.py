@@ -17,3 +17,8 @@ class MissingExtraError(ImportError):
         )
         self.package = package
         self.extra = extra
+        self.purpose = purpose
+
+    def __reduce__(self) -> tuple:
+        # Rebuild from the constructor's arguments, so the error survives pickling (Ray).
+        return (type(self), (self.package, self.extra, self.purpose))

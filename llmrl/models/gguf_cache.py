@@ -29,7 +29,9 @@ CONVERSION_VERSION = 1
 def cache_root() -> Path:
     """The llmrl cache folder: ``$LLMRL_CACHE``, else ``~/.cache/llmrl``."""
     configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "llmrl"
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return Path.home() / ".cache" / "llmrl"
 
 
 def converted_dir_for(gguf_path: str | Path) -> Path:

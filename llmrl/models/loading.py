@@ -48,9 +48,7 @@ def load_model(
 
 def as_dtype(dtype: DTypeLike) -> torch.dtype:
     """Accept ``torch.float32`` or a name such as ``"bfloat16"``; reject anything else clearly."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    candidate = getattr(torch, str(dtype), None)
+    candidate = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)
     if not isinstance(candidate, torch.dtype) or not candidate.is_floating_point:
         raise ValueError(
             f"dtype {dtype!r} is not a torch floating-point dtype "

@@ -341,3 +341,13 @@ def test_converted_directory_contents(real_converted: Path) -> None:
 
 def test_converted_directory_has_no_staging_leftovers(real_converted: Path) -> None:
     assert not [p for p in real_converted.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_missing_extra_error_survives_pickling() -> None:
+    # Ray and multiprocessing ship exceptions between processes by pickling them.
+    import pickle
+
+    error = MissingExtraError("gguf", "local", "Loading a GGUF model")
+    restored = pickle.loads(pickle.dumps(error))
+    assert str(restored) == str(error)
+    assert (restored.package, restored.extra) == ("gguf", "local")

@@ -181,3 +181,9 @@ def test_bad_spec_fails_before_loading() -> None:
         load_model("/nope/x.gguf")
     with pytest.raises(ModelSpecError, match="unknown model name"):
         load_tokenizer("no-such-model")
+
+
+@pytest.mark.parametrize("bad", [torch.int8, torch.bool, torch.int64])
+def test_non_float_torch_dtypes_are_rejected(bad: torch.dtype) -> None:
+    with pytest.raises(ValueError, match="is not a torch floating-point dtype"):
+        as_dtype(bad)
