@@ -1,0 +1,34 @@
+"""Policies: the LLM behind one TensorDict API, over transformers or vLLM.
+
+``vLLMWrapper`` is imported lazily so ``import llmrl.policies`` works without vLLM installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmrl.policies.base import INPUT_MODES, GeneratedSample, LLMWrapperBase, ScoreResult
+from llmrl.policies.batching import BatchingClosedError, RequestBatcher
+from llmrl.policies.generation_kwargs import GenerationKwargs, GenerationKwargsError
+from llmrl.policies.transformers_wrapper import TransformersWrapper
+
+__all__ = [
+    "INPUT_MODES",
+    "BatchingClosedError",
+    "GeneratedSample",
+    "GenerationKwargs",
+    "GenerationKwargsError",
+    "LLMWrapperBase",
+    "RequestBatcher",
+    "ScoreResult",
+    "TransformersWrapper",
+    "vLLMWrapper",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "vLLMWrapper":
+        from llmrl.policies.vllm_wrapper import vLLMWrapper
+
+        return vLLMWrapper
+    raise AttributeError(f"module 'llmrl.policies' has no attribute {name!r}")

@@ -1,0 +1,247 @@
+"""`LLMWrapperBase`: one TensorDict-in, TensorDict-out API over any LLM backend.
+
+A backend implements two primitives on token ids and nothing else:
+
+- :meth:`LLMWrapperBase._generate`: sample responses for prompts, with the log-prob of every
+  sampled token under the model (temperature 1, before any sampling transform);
+- :meth:`LLMWrapperBase._score`: log-probs of given sequences (one forward pass).
+
+Everything else lives here, so every backend behaves the same: reading prompts in ``history``,
+``text`` or ``tokens`` mode, chat templating, ``num_samples`` groups, the output containers and
+their padding, request batching, and ``get_new_version``.
+
+Output keys (configurable): ``history`` (:class:`ChatHistory`, history mode), ``text``
+(:class:`Text`), ``tokens`` (:class:`Tokens`), ``masks`` (:class:`Masks`), ``log_probs``
+(:class:`LogProbs`). With ``num_samples=G`` a batch ``[B]`` becomes ``[B, G]``: ``out[b]`` is
+the group of G responses to prompt ``b``, and every input entry is repeated along the new dim.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from tensordict import TensorDictBase
+
+from llmrl.data import ChatFormat
+from llmrl.policies.batching import RequestBatcher
+from llmrl.policies.generation_kwargs import GenerationKwargs, GenerationKwargsError
+from llmrl.policies.policy_inputs import read_inputs
+from llmrl.policies.policy_outputs import write_outputs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+InputMode = Literal["history", "text", "tokens"]
+INPUT_MODES: tuple[str, ...] = ("history", "text", "tokens")
+
+
+@dataclass
+class GeneratedSample:
+    """One sampled response: token ids, their sampling log-probs, and how it ended.
+
+    ``tokens`` include the end-of-sequence token when the model emitted one; ``finished`` is
+    False when the response hit ``max_new_tokens`` instead.
+    """
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor | None
+    finished: bool
+
+
+@dataclass
+class ScoreResult:
+    """Right-padded log-probs ``[N, L]`` of scored sequences (and logits when asked)."""
+
+    log_probs: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+class LLMWrapperBase(ABC):
+    """Common API of llmrl policies (see the module docstring).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        input_mode: ``history`` (chat :class:`History`), ``text`` (strings) or ``tokens``.
+        input_key: where to read the input; default ``(<mode key>, "prompt")`` when generating
+            and ``(<mode key>, "full")`` when scoring.
+        generate: True samples a response; False scores the given full sequence.
+        generate_kwargs: generation settings (see :class:`GenerationKwargs`).
+        return_log_probs: write :class:`LogProbs` into the output.
+        return_logits: when scoring, also write the ``logits`` (large: ``[L, vocab]`` a row).
+        pad_output: padded ``[.., L]`` containers with :class:`Masks` instead of ragged rows.
+        num_samples: responses per prompt (G); default ``generate_kwargs["n"]`` or 1.
+        chat_template: None (the tokenizer's template) or a built-in format name.
+        min_batch_size, max_batch_size, batching_timeout: when a batch size is given, calls from
+            many threads are served together in batches (see :class:`RequestBatcher`).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        input_mode: InputMode = "history",
+        input_key: str | tuple[str, ...] | None = None,
+        generate: bool = True,
+        generate_kwargs: dict[str, Any] | None = None,
+        return_log_probs: bool = True,
+        return_logits: bool = False,
+        pad_output: bool = False,
+        num_samples: int | None = None,
+        chat_template: str | ChatFormat | None = None,
+        history_key: str = "history",
+        text_key: str = "text",
+        tokens_key: str = "tokens",
+        masks_key: str = "masks",
+        log_probs_key: str = "log_probs",
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+        batching_timeout: float = 0.05,
+    ) -> None:
+        if input_mode not in INPUT_MODES:
+            raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
+        # Kept as given, so get_new_version can rebuild the settings with some changed.
+        self._settings = {
+            name: value for name, value in locals().items() if name not in ("self", "tokenizer")
+        }
+        self.tokenizer = tokenizer
+        self.input_mode = input_mode
+        self.generate = generate
+        self.return_log_probs = return_log_probs
+        self.return_logits = return_logits
+        self.pad_output = pad_output
+        self.chat_template = chat_template
+        self.keys = {
+            "history": history_key,
+            "text": text_key,
+            "tokens": tokens_key,
+            "masks": masks_key,
+            "log_probs": log_probs_key,
+        }
+        self.input_key = input_key or (self.keys[input_mode], "prompt" if generate else "full")
+        self.generate_kwargs = _merge_num_samples(generate_kwargs, num_samples)
+        self.batching = {
+            "min_batch_size": min_batch_size or 1,
+            "max_batch_size": max_batch_size or max(min_batch_size or 1, 32),
+            "timeout": batching_timeout,
+        }
+        self._batcher: RequestBatcher | None = None
+        if min_batch_size is not None or max_batch_size is not None:
+            self._batcher = RequestBatcher(self._forward_many, **self.batching)
+
+    @property
+    def num_samples(self) -> int:
+        """Responses sampled per prompt (G)."""
+        return self.generate_kwargs.num_return_sequences
+
+    @property
+    def pad_token_id(self) -> int:
+        """Id used to pad token outputs (the tokenizer's pad, else its EOS)."""
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.tokenizer.eos_token_id
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Token ids that end a response."""
+        eos = self.tokenizer.eos_token_id
+        return set(eos) if isinstance(eos, list) else {eos}
+
+    def decode_response(self, sample: GeneratedSample, content_only: bool = False) -> str:
+        """Text of a sampled response; ``content_only`` drops a final end-of-sequence token
+        (the message content of a chat reply)."""
+        tokens = sample.tokens
+        if content_only and len(tokens) and int(tokens[-1]) in self.eos_token_ids:
+            tokens = tokens[:-1]
+        skip = self.generate_kwargs.skip_special_tokens
+        return self.tokenizer.decode(tokens, skip_special_tokens=skip)
+
+    # ------------------------------------------------------------------ backend primitives
+    @abstractmethod
+    def _generate(
+        self, prompts: list[torch.Tensor], config: GenerationKwargs
+    ) -> list[GeneratedSample]:
+        """Sample ``config.num_return_sequences`` responses per prompt, grouped by prompt
+        (prompt 0's samples first)."""
+
+    @abstractmethod
+    def _score(self, sequences: list[torch.Tensor], return_logits: bool = False) -> ScoreResult:
+        """Log-probs of each sequence, right-padded ``[N, L]`` (position 0 holds 0)."""
+
+    # ------------------------------------------------------------------ public API
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        """Run the policy on a batch ``[B]`` (or a single row ``[]``)."""
+        if self._batcher is not None:
+            return self._batcher(td)
+        return self.forward(td)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        """Run the policy now, bypassing request batching."""
+        single = td.batch_dims == 0
+        batch = td.unsqueeze(0) if single else td
+        if batch.batch_dims != 1:
+            raise ValueError(f"policies take a batch [B] or a row []; got {list(td.batch_size)}")
+        inputs = read_inputs(self, batch)
+        if self.generate:
+            samples = self._generate(inputs.prompt_tokens, self.generate_kwargs)
+            out = write_outputs(self, batch, inputs, samples=samples)
+        else:
+            scores = self._score(inputs.full_tokens, return_logits=self.return_logits)
+            out = write_outputs(self, batch, inputs, scores=scores)
+        return out[0] if single else out
+
+    def get_new_version(self, **changes: Any) -> LLMWrapperBase:
+        """The same model under other settings, without reloading weights.
+
+        Example: a scoring twin of a sampling policy, ``policy.get_new_version(generate=False)``
+        (its input key follows: ``("history", "full")`` instead of ``("history", "prompt")``).
+        """
+        unknown = set(changes) - set(self._settings)
+        if unknown:
+            raise TypeError(
+                f"get_new_version got unknown settings {sorted(unknown)}; "
+                f"known: {sorted(self._settings)}"
+            )
+        twin = copy.copy(self)  # shares the model and the backend's state
+        LLMWrapperBase.__init__(twin, self.tokenizer, **{**self._settings, **changes})
+        return twin
+
+    def close(self) -> None:
+        """Stop the request batcher, if any."""
+        if self._batcher is not None:
+            self._batcher.close()
+
+    # ------------------------------------------------------------------ internals
+    def _forward_many(self, requests: list[TensorDictBase]) -> list[TensorDictBase]:
+        """Serve several callers' batches with one backend call (used by the batcher)."""
+        sizes = [1 if r.batch_dims == 0 else r.batch_size[0] for r in requests]
+        rows = [r.unsqueeze(0) if r.batch_dims == 0 else r for r in requests]
+        merged = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
+        out = self.forward(merged)
+        results, start = [], 0
+        for request, size in zip(requests, sizes, strict=True):
+            part = out[start : start + size]
+            results.append(part[0] if request.batch_dims == 0 else part)
+            start += size
+        return results
+
+
+def _merge_num_samples(
+    generate_kwargs: dict[str, Any] | GenerationKwargs | None, num_samples: int | None
+) -> GenerationKwargs:
+    if isinstance(generate_kwargs, GenerationKwargs):
+        config = generate_kwargs
+    else:
+        config = GenerationKwargs.from_kwargs(generate_kwargs or {})
+    if num_samples is None:
+        return config
+    given = dict(generate_kwargs or {}) if not isinstance(generate_kwargs, GenerationKwargs) else {}
+    requested = given.get("num_return_sequences", given.get("n"))
+    if requested is not None and requested != num_samples:
+        raise GenerationKwargsError(
+            f"num_samples={num_samples} contradicts generate_kwargs num_return_sequences="
+            f"{requested}; set one of them"
+        )
+    return config.replace(num_return_sequences=num_samples)

@@ -1,0 +1,139 @@
+"""`TransformersWrapper`: the llmrl policy API over a Hugging Face causal LM.
+
+Sampling uses ``model.generate`` on left-padded prompts; the log-prob of each sampled token is
+taken from the raw logits of that step (the model's own distribution, before temperature or
+top-k/top-p), which is what ``generate=False`` recomputes with one forward pass. Where the pad
+token is the end-of-sequence token (SmolLM2, Qwen), a response's length comes from the first
+end-of-sequence it emitted (or the stop sequence it completed); that token is kept with its
+log-prob, and only the positions after it are padding.
+
+Example:
+    >>> policy = TransformersWrapper(model, tokenizer, generate_kwargs={"max_new_tokens": 32})
+    >>> out = policy(TensorDict({"history": ChatHistory(prompt=history, batch_size=[2])}, [2]))
+    >>> out["log_probs"].as_list("response")[0].shape
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from llmrl.data import pad_sequences
+from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
+from llmrl.policies.generation_kwargs import GenerationKwargs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class TransformersWrapper(LLMWrapperBase):
+    """A policy over a ``transformers`` model (see :class:`LLMWrapperBase` for the arguments).
+
+    The model is used as given: its train/eval mode and device are the caller's choice
+    (trainers keep it in eval mode so sampling and training log-probs see no dropout).
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **kwargs: Any
+    ) -> None:
+        super().__init__(tokenizer, **kwargs)
+        self.model = model
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set(super().eos_token_ids)
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if configured is not None:
+            ids |= set(configured) if isinstance(configured, list) else {configured}
+        return ids
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def _generate(
+        self, prompts: list[torch.Tensor], config: GenerationKwargs
+    ) -> list[GeneratedSample]:
+        input_ids, attention_mask = pad_sequences(prompts, "left", self.pad_token_id)
+        if config.seed is not None:
+            torch.manual_seed(config.seed)
+        extra: dict[str, Any] = {}
+        if config.stop_sequences:
+            extra["tokenizer"] = self.tokenizer
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.long().to(self.device),
+            pad_token_id=self.pad_token_id,
+            eos_token_id=sorted(self.eos_token_ids),
+            output_logits=True,
+            return_dict_in_generate=True,
+            **config.to_transformers(),
+            **extra,
+        )
+        generated = out.sequences[:, input_ids.shape[1] :]
+        lengths, finished = self._response_lengths(generated, config)
+        log_probs = _step_log_probs(out.logits, generated)
+        return [
+            GeneratedSample(
+                tokens=generated[row, :length].cpu(),
+                log_probs=log_probs[row, :length].cpu(),
+                finished=done,
+            )
+            for row, (length, done) in enumerate(zip(lengths, finished, strict=True))
+        ]
+
+    def _score(self, sequences: list[torch.Tensor], return_logits: bool = False) -> ScoreResult:
+        input_ids, mask = pad_sequences(sequences, "right", self.pad_token_id)
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids
+        ).logits.float()
+        targets = input_ids[:, 1:]
+        token_logits = logits[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        log_probs = token_logits - logits[:, :-1].logsumexp(-1)
+        log_probs = torch.cat([log_probs.new_zeros(len(sequences), 1), log_probs], dim=1)
+        log_probs = log_probs.masked_fill(~mask, 0.0)
+        return ScoreResult(log_probs=log_probs, logits=logits if return_logits else None)
+
+    def _response_lengths(
+        self, generated: torch.Tensor, config: GenerationKwargs
+    ) -> tuple[list[int], list[bool]]:
+        """Length of each response (through its end token) and whether it ended on its own."""
+        is_eos = torch.zeros_like(generated, dtype=torch.bool)
+        for token in self.eos_token_ids:
+            is_eos |= generated == token
+        width = generated.shape[1]
+        first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, width).tolist()
+        lengths, finished = [], []
+        for row, eos_length in enumerate(first_eos):
+            stop_length = self._stop_length(generated[row, :eos_length], config.stop_sequences)
+            length = min(eos_length, stop_length or width)
+            lengths.append(length)
+            finished.append(length < width or bool(is_eos[row, length - 1]) or bool(stop_length))
+        return lengths, finished
+
+    def _stop_length(self, tokens: torch.Tensor, stop_sequences: tuple[str, ...]) -> int | None:
+        """Number of tokens up to the one that completes the first stop sequence, if any."""
+        if not stop_sequences:
+            return None
+        text = self.tokenizer.decode(tokens)
+        if not any(stop in text for stop in stop_sequences):
+            return None
+        for length in range(1, len(tokens) + 1):
+            prefix = self.tokenizer.decode(tokens[:length])
+            if any(stop in prefix for stop in stop_sequences):
+                return length
+        return None
+
+
+def _step_log_probs(step_logits: tuple[torch.Tensor, ...], generated: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` log-prob of each generated token under that step's raw logits."""
+    columns = []
+    for step, logits in enumerate(step_logits):
+        logits = logits.float()
+        chosen = logits.gather(-1, generated[:, step : step + 1]).squeeze(-1)
+        columns.append(chosen - logits.logsumexp(-1))
+    return torch.stack(columns, dim=1)
