@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from llmrl.policies.base import LLMWrapperBase
 
 
+class InputKeyError(KeyError):
+    """A key the policy reads is missing from its input; the message lists the keys present."""
+
+    def __str__(self) -> str:  # KeyError would show the repr of the message
+        return str(self.args[0])
+
+
 @dataclass
 class PolicyInputs:
     """What a backend needs, plus what the outputs need to be written back."""
@@ -56,9 +63,11 @@ def get_input(td: TensorDictBase, key: str | tuple[str, ...], required: bool = T
         if value is None:
             if not required:
                 return None
-            present = sorted(str(k) for k in td.keys(include_nested=True))
+            present = sorted(
+                k if isinstance(k, str) else ".".join(k) for k in td.keys(include_nested=True)
+            )
             where = "the input" if depth == 0 else f"{parts[:depth]}"
-            raise KeyError(
+            raise InputKeyError(
                 f"input key {key!r} not found: {where} has no {part!r}; keys present: {present}"
             )
     return value
@@ -130,7 +139,7 @@ def _read_tokens(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
     container = _expect(get_input(td, key[0]), Tokens, key[0])
     rows = _token_rows(td, policy, container, key[1])
     if rows is None:
-        raise KeyError(f"input key {key!r} not found: the Tokens container has no {key[1]!r}")
+        raise InputKeyError(f"input key {key!r} not found: the Tokens container has no {key[1]!r}")
     if policy.generate:
         return PolicyInputs(
             prompt_tokens=rows,
@@ -172,7 +181,7 @@ def _token_rows(
         return container.as_list(name)
     masks = get_input(td, (policy.keys["masks"], name), required=False)
     if masks is None:
-        raise KeyError(
+        raise InputKeyError(
             f"padded tokens need their masks: ({policy.keys['masks']!r}, {name!r}) is missing"
         )
     return unpad_sequences(getattr(container, name), masks)

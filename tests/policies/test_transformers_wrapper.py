@@ -1,0 +1,197 @@
+"""TransformersWrapper: input modes, output layouts, validation errors, scoring with gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from llmrl.data import Text, Tokens
+from llmrl.policies import GenerationKwargsError, TransformersWrapper
+from tests.policies.conftest import history_batch
+
+SHORT = {"max_new_tokens": 5, "seed": 0}
+
+
+def _policy(model, tokenizer, **kwargs):
+    kwargs.setdefault("generate_kwargs", SHORT)
+    return TransformersWrapper(model, tokenizer, **kwargs)
+
+
+def test_history_mode_outputs(eos_model, tokenizer):
+    out = _policy(eos_model, tokenizer)(history_batch())
+    assert out.batch_size == torch.Size([3])
+    tokens, masks = out["tokens"], out["masks"]
+    for row in range(3):
+        prompt, response, full = (tokens.as_list(k)[row] for k in ("prompt", "response", "full"))
+        assert torch.equal(full, torch.cat([prompt, response]))
+        assistant = masks.as_list("assistant")[row]
+        assert assistant[len(prompt) :].all()
+        # the multi-turn prompt (row 2) carries its earlier assistant turn in the mask
+        assert assistant[: len(prompt)].any() == (row == 2)
+        reply = out["history"].full[row][-1]
+        assert reply.role == "assistant"
+        assert out["text"][row].full == out["text"][row].prompt + out["text"][row].response
+    assert out["text"][0].prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_padded_output_layout(eos_model, tokenizer):
+    out = _policy(eos_model, tokenizer, pad_output=True)(history_batch())
+    tokens, masks = out["tokens"], out["masks"]
+    assert tokens.is_padded
+    prompt_width = tokens.prompt.shape[1]
+    assert torch.equal(tokens.full, torch.cat([tokens.prompt, tokens.response], dim=1))
+    assert masks.prompt[:, -1].all(), "prompts are left-padded: last column is always real"
+    assert masks.response[:, 0].all(), "responses are right-padded: first column is always real"
+    assert torch.equal(masks.assistant[:, prompt_width:], masks.response)
+    assert out["log_probs"].response.shape == tokens.response.shape
+
+
+def test_text_mode_generation_and_scoring(eos_model, tokenizer):
+    td = TensorDict({"text": Text.from_strings(prompt=["Once upon", "2 + 2 ="])}, batch_size=[2])
+    out = _policy(eos_model, tokenizer, input_mode="text")(td)
+    assert [str(p) for p in out["text"].prompt] == ["Once upon", "2 + 2 ="]
+    expected = tokenizer("Once upon", add_special_tokens=False)["input_ids"]
+    assert out["tokens"].as_list("prompt")[0].tolist() == expected
+    scorer = _policy(eos_model, tokenizer, input_mode="text", generate=False)
+    scored = scorer(out.select("text"))
+    assert [len(r) for r in scored["log_probs"].as_list("response")] == [
+        len(r) for r in out["tokens"].as_list("response")
+    ]
+
+
+def test_tokens_mode_accepts_padded_input_with_masks(eos_model, tokenizer):
+    ragged = Tokens.from_sequences(prompt=[torch.tensor([504, 3458, 28]), torch.tensor([28])])
+    padded, masks = ragged.pad(tokenizer.pad_token_id)
+    td = TensorDict({"tokens": padded, "masks": masks}, batch_size=[2])
+    out = _policy(
+        eos_model,
+        tokenizer,
+        input_mode="tokens",
+        generate_kwargs={"max_new_tokens": 3, "do_sample": False},
+    )(td)
+    out_ragged = _policy(
+        eos_model,
+        tokenizer,
+        input_mode="tokens",
+        generate_kwargs={"max_new_tokens": 3, "do_sample": False},
+    )(TensorDict({"tokens": ragged}, batch_size=[2]))
+    assert [p.tolist() for p in out["tokens"].as_list("prompt")] == [[504, 3458, 28], [28]]
+    assert [r.tolist() for r in out["tokens"].as_list("response")] == [
+        r.tolist() for r in out_ragged["tokens"].as_list("response")
+    ]
+    with pytest.raises(KeyError, match=r"padded tokens need their masks: \('masks', 'prompt'\)"):
+        _policy(eos_model, tokenizer, input_mode="tokens")(TensorDict({"tokens": padded}, [2]))
+
+
+def test_scoring_keeps_gradients_and_returns_logits_when_asked(tiny, tokenizer):
+    scorer = _policy(tiny, tokenizer, generate=False, return_logits=True, pad_output=True)
+    answered = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]]
+    td = history_batch(answered)
+    td["history"].full = td["history"].prompt
+    td["history"].prompt = None
+    out = scorer(td)
+    assert out["logits"].shape[:2] == out["tokens"].full.shape
+    assert out["logits"].shape[-1] == len(tokenizer)
+    loss = -(out["log_probs"].full * out["masks"].assistant).sum()
+    loss.backward()
+    grads = [p.grad for p in tiny.parameters() if p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
+    tiny.zero_grad(set_to_none=True)
+    assert "logits" not in set(_policy(tiny, tokenizer, generate=False)(td).keys())
+
+
+def test_stop_sequences_end_a_response(tiny, tokenizer):
+    # Seeded sampling is reproducible; stop on a piece of a free run and check the cut.
+    greedy = {"max_new_tokens": 8, "seed": 3}
+    td = TensorDict({"text": Text.from_strings(prompt=["Tell me about the apple"])}, [1])
+    free = _policy(tiny, tokenizer, input_mode="text", generate_kwargs=greedy)(td)
+    tokens = free["tokens"].as_list("response")[0]
+    # stop on the first token whose text has not appeared before it
+    cut_at = next(
+        k
+        for k in range(1, len(tokens))
+        if tokenizer.decode(tokens[k : k + 1]).strip()
+        and tokenizer.decode(tokens[k : k + 1]) not in tokenizer.decode(tokens[:k])
+    )
+    stop_text = tokenizer.decode(tokens[cut_at : cut_at + 1])
+    stopped = _policy(
+        tiny,
+        tokenizer,
+        input_mode="text",
+        generate_kwargs={**greedy, "stop_sequences": [stop_text]},
+    )(td)
+    cut = stopped["tokens"].as_list("response")[0]
+    assert cut.tolist() == tokens[: cut_at + 1].tolist()
+    assert stopped["text"][0].response.endswith(stop_text)
+    assert len(stopped["log_probs"].as_list("response")[0]) == cut_at + 1
+
+
+def test_get_new_version_shares_the_model(tiny, tokenizer):
+    sampler = _policy(tiny, tokenizer, num_samples=2)
+    scorer = sampler.get_new_version(generate=False)
+    assert scorer.model is sampler.model
+    assert scorer.input_key == ("history", "full") and sampler.input_key == ("history", "prompt")
+    assert scorer.num_samples == 2 and sampler.generate
+    with pytest.raises(TypeError, match=r"unknown settings \['temprature'\]"):
+        sampler.get_new_version(temprature=0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (
+            {"input_mode": "images"},
+            ValueError,
+            r"input_mode must be one of \['history', 'text', 'tokens'\], got 'images'",
+        ),
+        (
+            {"generate_kwargs": {"temperature": -1.0}},
+            GenerationKwargsError,
+            "temperature must be >= 0",
+        ),
+        ({"generate_kwargs": {"top_p": 1.2}}, GenerationKwargsError, r"top_p must be in \[0, 1\]"),
+        ({"generate_kwargs": {"top_k": 0}}, GenerationKwargsError, "top_k must be >= 1"),
+        (
+            {"generate_kwargs": {"repetition_penalty": 0.0}},
+            GenerationKwargsError,
+            "repetition_penalty must be > 0",
+        ),
+        (
+            {"generate_kwargs": {"do_sample": False, "temperature": 0.3}},
+            GenerationKwargsError,
+            "do_sample=False",
+        ),
+        (
+            {"generate_kwargs": {"n": 2}, "num_samples": 3},
+            GenerationKwargsError,
+            "num_samples=3 contradicts",
+        ),
+    ],
+)
+def test_constructor_validation(tiny, tokenizer, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        TransformersWrapper(tiny, tokenizer, **kwargs)
+
+
+def test_missing_input_key_names_the_key_and_the_keys_present(tiny, tokenizer):
+    td = TensorDict({"text": Text.from_strings(prompt=["x"]), "row_id": torch.zeros(1)}, [1])
+    with pytest.raises(
+        KeyError,
+        match=(
+            r"input key \('history', 'prompt'\) not found: the input has no 'history'; "
+            r"keys present: \['row_id', 'text', 'text.prompt'\]"
+        ),
+    ):
+        _policy(tiny, tokenizer)(td)
+    with pytest.raises(
+        TypeError, match=r"input key \('text', 'prompt'\) holds LinkedList, expected History"
+    ):
+        _policy(tiny, tokenizer, input_key=("text", "prompt"))(td)
+
+
+def test_single_row_in_single_row_out(tiny, tokenizer):
+    row = history_batch()[0]
+    out = _policy(tiny, tokenizer)(row)
+    assert out.batch_size == torch.Size([])
+    assert out["tokens"].response.dim() == 1
