@@ -5,6 +5,9 @@ Subcommands so far:
 - ``llmrl convert-model [SPEC]``: resolve a model spec and, for GGUF models, convert it once into
   the safetensors cache; prints the directory that ``load_model`` will read. Images run it at
   build time so pods start with the default model ready.
+- ``llmrl prepare [--config YAML] [--set KEY=VALUE ...]``: prepare a task's train/eval dataset
+  (see :mod:`llmrl.data.prepare`); prints the resolved config, then the dataset directory as the
+  last line of stdout, so a pipeline can read it with ``tail -n 1``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import sys
 from importlib.metadata import version
 
+from llmrl.config import ConfigError
 from llmrl.models import DEFAULT_MODEL, MissingExtraError, ModelSpecError
 
 
@@ -30,6 +34,25 @@ def _convert_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from llmrl.config import PrepareConfig, dump_config, load_config
+    from llmrl.data.prepare import prepare_dataset
+
+    config = load_config(PrepareConfig, args.config, args.overrides)
+    print(dump_config(config), end="", flush=True)
+    prepared = prepare_dataset(config, progress=not args.no_progress)
+    rows, skipped = prepared.manifest["rows"], prepared.manifest["skipped"]
+    skipped_text = ", ".join(f"{reason}: {n}" for reason, n in skipped.items()) or "none"
+    state = "reused" if prepared.reused else "prepared"
+    print(
+        f"llmrl prepare: {state} {config.task}: {rows['train']} train, {rows['eval']} eval rows; "
+        f"skipped: {skipped_text}",
+        file=sys.stderr,
+    )
+    print(prepared.path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``llmrl`` command."""
     parser = argparse.ArgumentParser(prog="llmrl", description=__doc__.splitlines()[0])
@@ -43,7 +66,33 @@ def build_parser() -> argparse.ArgumentParser:
         "spec", nargs="?", default=DEFAULT_MODEL, help=f"model spec (default: {DEFAULT_MODEL})"
     )
     convert.set_defaults(handler=_convert_model)
+    prepare = commands.add_parser(
+        "prepare", help="prepare a task's train/eval dataset; prints its directory last"
+    )
+    prepare.add_argument(
+        "--config", metavar="YAML", help="the stage config (default: built-in defaults)"
+    )
+    prepare.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set split.seed=3 (repeatable; values are YAML)",
+    )
+    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prepare.set_defaults(handler=_prepare)
     return parser
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's to fix: reported in one message, exit code 2, no traceback."""
+    errors: list[type[Exception]] = [ModelSpecError, MissingExtraError, ConfigError]
+    # The data readers pull in torch via llmrl.data; their errors exist only once they are loaded.
+    datasets = sys.modules.get("llmrl.data.datasets")
+    if datasets is not None:
+        errors += [datasets.DatasetError, datasets.MissingDatasetsError]
+    return tuple(errors)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.handler(args)
-    except (ModelSpecError, MissingExtraError) as error:
-        print(f"llmrl {args.command}: error: {error}", file=sys.stderr)
+    except _user_errors() as error:
+        message = str(error)
+        if "\n" in message:  # several problems (a config): one per line
+            message = "".join(f"\n  {line}" for line in message.splitlines())
+        else:
+            message = f" {message}"
+        print(f"llmrl {args.command}: error:{message}", file=sys.stderr)
         return 2
 
 

@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl.data import History, Masks, Tokens, unpad_sequences
+from llmrl.data.non_tensor import as_list
 
 if TYPE_CHECKING:
     from llmrl.policies.base import LLMWrapperBase
@@ -106,7 +107,7 @@ def _read_history(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
 
 
 def _read_text(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
-    texts = [str(t) for t in get_input(td, policy.input_key)]
+    texts = [str(t) for t in as_list(get_input(td, policy.input_key))]
     if policy.generate:
         prompt_tokens = [_encode(policy, text) for text in texts]
         return PolicyInputs(
@@ -118,7 +119,7 @@ def _read_text(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
     if prompts is None:
         return PolicyInputs(full_tokens=[_encode(policy, text) for text in texts], full_text=texts)
     prompt_tokens, full_tokens, masks = [], [], []
-    for row, (prompt, full) in enumerate(zip(prompts, texts, strict=True)):
+    for row, (prompt, full) in enumerate(zip(as_list(prompts), texts, strict=True)):
         if not full.startswith(prompt):
             raise ValueError(f"text row {row}: the full text does not start with its prompt")
         prompt_ids, response_ids = _encode(policy, prompt), _encode(policy, full[len(prompt) :])

@@ -1,0 +1,212 @@
+"""The ``prepare`` stage's config: which task, where its rows come from, how to split them.
+
+Two kinds of task exist. *Generated* tasks (arithmetic, countdown, ifeval) synthesize their
+problems from a seed and read no data; *source* tasks (gsm8k) read rows from a local file, a
+``datasets`` ``save_to_disk`` directory, or a Hugging Face hub id that the user names explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from llmrl.config.loading import ConfigModel
+
+TaskName = Literal["arithmetic", "gsm8k", "countdown", "ifeval"]
+
+GENERATED_TASKS: tuple[str, ...] = ("arithmetic", "countdown", "ifeval")
+"""Tasks whose problems are synthesized from a seed (``generate`` section)."""
+
+SOURCE_TASK_FIELDS: dict[str, tuple[str, ...]] = {"gsm8k": ("question", "answer")}
+"""Tasks that read rows from a ``source``, with the fields each row must provide."""
+
+
+class GenerateConfig(ConfigModel):
+    """How many problems a generated task synthesizes, from which seed, with which options.
+
+    Example::
+
+        GenerateConfig(train_size=2000, eval_size=200, options={"digits": 3})
+    """
+
+    train_size: int = Field(2000, ge=1, description="number of training problems to generate")
+    eval_size: int = Field(200, ge=0, description="number of evaluation problems to generate")
+    seed: int = Field(0, description="seed of the generator; the same seed gives the same problems")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of the task's constructor, e.g. {digits: 3} for arithmetic",
+    )
+
+
+class SplitConfig(ConfigModel):
+    """How rows of a source without an evaluation split are divided into train and eval.
+
+    Each row goes to eval when a hash of its question text and ``seed`` falls under
+    ``eval_fraction``: the assignment does not depend on row order, and duplicated questions
+    always land in the same split.
+
+    Example::
+
+        SplitConfig(eval_fraction=0.1, seed=0)
+    """
+
+    eval_fraction: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="expected share of rows that go to the eval split (0 = no eval split)",
+    )
+    seed: int = Field(0, description="seed of the hash that assigns rows to splits")
+
+
+class PrepareConfig(ConfigModel):
+    """Settings of ``llmrl prepare``: turn a task into ``train.jsonl`` / ``eval.jsonl``.
+
+    The defaults describe a small generated arithmetic dataset that prepares in seconds on CPU.
+
+    Example::
+
+        PrepareConfig(task="gsm8k", source="data/gsm8k/train.jsonl", eval_source="data/test.jsonl")
+    """
+
+    task: TaskName = Field("arithmetic", description="the task to prepare")
+    source: str | None = Field(
+        None,
+        description=(
+            "where a source task's rows come from: a .jsonl/.json/.parquet file, a datasets "
+            "save_to_disk directory, or a Hugging Face hub id such as openai/gsm8k (the hub is "
+            "only contacted for an id named here); must be null for generated tasks"
+        ),
+    )
+    subset: str | None = Field(
+        None, description="configuration name of a hub dataset, e.g. 'main' for openai/gsm8k"
+    )
+    revision: str | None = Field(
+        None,
+        description=(
+            "hub revision (branch, tag or commit) to read; pin it so a re-run reuses the same data"
+        ),
+    )
+    source_split: str = Field(
+        "train", description="split of a hub id or saved DatasetDict to read training rows from"
+    )
+    eval_split: str | None = Field(
+        None,
+        description=(
+            "split of the eval source (or of `source` when eval_source is null) to read eval rows "
+            "from, e.g. 'test'; only for hub ids and saved datasets directories"
+        ),
+    )
+    eval_source: str | None = Field(
+        None,
+        description=(
+            "a separate source of eval rows (same formats as `source`); when it or eval_split "
+            "is set, `split.eval_fraction` is not used"
+        ),
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "task field -> source column name, for sources whose columns are named differently, "
+            "e.g. {question: problem_text, answer: solution}; unnamed fields use their own name"
+        ),
+    )
+    generate: GenerateConfig = Field(
+        default_factory=GenerateConfig, description="sizes, seed and options of a generated task"
+    )
+    split: SplitConfig = Field(
+        default_factory=SplitConfig,
+        description="train/eval split of a source that has no separate eval rows",
+    )
+    on_invalid: Literal["error", "skip"] = Field(
+        "error",
+        description=(
+            "what an invalid source row does: 'error' stops naming file, row and field; 'skip' "
+            "drops it and counts it per reason in the manifest"
+        ),
+    )
+    max_rows: int | None = Field(
+        None, ge=1, description="read at most this many rows from each source (null = all)"
+    )
+    max_row_chars: int = Field(
+        100_000, ge=1, description="a row field longer than this many characters is invalid"
+    )
+    output_dir: Path = Field(
+        Path("data/prepared"),
+        description=(
+            "where prepared datasets go, each in <output_dir>/<task>-<digest>; relative paths "
+            "are relative to the working directory"
+        ),
+    )
+
+    @field_validator("source", "eval_source", "subset", "revision", "eval_split", "source_split")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty; use null to leave it unset")
+        return value
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_named(cls, value: dict[str, str]) -> dict[str, str]:
+        for field, column in value.items():
+            if not column.strip():
+                raise ValueError(f"the column for task field '{field}' must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrepareConfig:
+        problems = (
+            self._generated_problems()
+            if self.task in GENERATED_TASKS
+            else self._source_problems(SOURCE_TASK_FIELDS[self.task])
+        )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def is_generated(self) -> bool:
+        """Whether the task synthesizes its problems (no source is read)."""
+        return self.task in GENERATED_TASKS
+
+    def _generated_problems(self) -> list[str]:
+        reason = f"task '{self.task}' is generated and reads no source; remove it"
+        problems = [
+            f"{name}: {reason}"
+            for name in ("source", "eval_source", "subset", "revision", "eval_split", "max_rows")
+            if getattr(self, name) is not None
+        ]
+        if self.columns:
+            problems.append(f"columns: {reason}")
+        if self.split != SplitConfig():
+            problems.append(f"split: {reason} (its eval set comes from generate.eval_size)")
+        return problems
+
+    def _source_problems(self, fields: tuple[str, ...]) -> list[str]:
+        problems = []
+        if self.source is None:
+            problems.append(
+                f"source: required for task '{self.task}': a .jsonl/.json/.parquet file, a "
+                "datasets save_to_disk directory, or a hub id such as openai/gsm8k"
+            )
+        if self.generate != GenerateConfig():
+            generated = ", ".join(GENERATED_TASKS)
+            problems.append(
+                f"generate: only for generated tasks ({generated}); task '{self.task}' reads "
+                "`source`"
+            )
+        for name in self.columns:
+            if name not in fields:
+                problems.append(
+                    f"columns.{name}: not a field of task '{self.task}' "
+                    f"(fields: {', '.join(fields)})"
+                )
+        has_eval_rows = self.eval_source is not None or self.eval_split is not None
+        if has_eval_rows and self.split.eval_fraction != SplitConfig().eval_fraction:
+            problems.append(
+                "split.eval_fraction: not used when eval_source or eval_split is set; remove it"
+            )
+        return problems

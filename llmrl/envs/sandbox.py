@@ -1,0 +1,299 @@
+"""Run untrusted, LLM-written Python snippets (the ``PythonInterpreter`` tool) in a sandbox.
+
+Every :func:`run_python` call starts a fresh ``python -I -B`` child in a new temporary working
+directory, with a scrubbed environment and its output in files, and waits for it with a wall
+clock timeout. Nothing the snippet does is raised in the caller: it all ends up in a
+:class:`SandboxResult`, and the caller can serve the next request at once.
+
+Threat model. The snippet is hostile: it may loop, fork, allocate, print without end, open
+sockets, read secrets (``/proc/<parent>/environ``, files) or signal the caller. The layers:
+
+* Enforced by the kernel (cannot be undone by the snippet, native code included):
+  rlimits (address space, file size, CPU time, open files, no core dumps, process count
+  where it is per sandbox: under a dropped uid or in a user namespace), its own session and
+  process group (``setsid``; a timeout ``SIGKILL``\\ s the whole group, and the parent-death
+  signal kills the child if the caller dies), ``no_new_privs`` and a seccomp filter (Linux
+  x86_64/aarch64: no fork/exec unless ``max_processes``, no sockets unless ``allow_network``,
+  no ptrace, no signals, rlimits or scheduling aimed at other processes, no new session,
+  namespaces, mounts or links). As root: uid/gid 65534 (nobody), so file permissions and
+  RLIMIT_NPROC apply, or, when nobody cannot run this interpreter (e.g. it lives under a
+  0700 ``/root``), uid 0 with every capability dropped; and a private network namespace.
+  Not root: a user namespace (plus a network namespace) where the kernel permits one, which
+  also hides the caller's ``/proc/<pid>`` from the snippet. :func:`sandbox_support` reports
+  which of these this machine grants; refused ones are skipped, never fatal.
+* Enforced by an audit hook inside the child interpreter (``_sandbox_guard.py``): file
+  opens/listing/mutation outside the working directory (reads of Python's own install are
+  allowed), process creation, signals, sockets and urllib, ctypes/cffi, subinterpreters,
+  gc and trace introspection. On denial it prints ``LLMRL_SANDBOX_BLOCKED <event>`` to stderr
+  and raises ``PermissionError`` (``ImportError`` for imports). This guard is best effort:
+  CPython audit hooks are not a security boundary, and native code in site-packages that
+  does its own I/O (pyarrow, torch.from_file, ...) bypasses it. It is what keeps reads of
+  world-readable files and writes where the uid may write (e.g. ``/tmp``) away from the
+  snippet; everything that matters for the caller's safety has a kernel layer.
+
+This is not a substitute for a container, gVisor or a VM on a cluster: the Helm deployment
+should run env workers in their own unprivileged pods (no service-account token, no secrets
+mounted, egress denied by a NetworkPolicy) and treat this module as the inner layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import mmap
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _sandbox_guard as guard
+
+_MARKER = guard.MARKER.encode()
+_MARKER_LINE = re.compile(re.escape(guard.MARKER) + r" [^\n]*\n?")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one run. ``max_processes`` counts processes beyond the snippet's."""
+
+    timeout_s: float = 5.0
+    memory_mb: int = 256
+    max_output_chars: int = 4000
+    max_file_mb: int = 16
+    max_processes: int = 0
+    allow_network: bool = False
+
+    def __post_init__(self) -> None:
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
+            raise ValueError(f"timeout_s must be a number of seconds in (0, 3600], got {t!r}")
+        minimum = {"memory_mb": 64, "max_output_chars": 1, "max_file_mb": 1, "max_processes": 0}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.allow_network, bool):
+            raise ValueError(f"allow_network must be a bool, got {self.allow_network!r}")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What a snippet did. ``exit_code`` is None after a timeout, negative for a signal."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    timed_out: bool
+    truncated: bool
+    blocked: str | None
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and self.exit_code == 0
+
+    def as_message(self, max_stderr_chars: int = 1500) -> str:
+        """A compact tool reply for the LLM: stdout, the tail of stderr, then notes."""
+        parts = [self.stdout.rstrip("\n")] if self.stdout.strip() else []
+        if self.stderr.strip():
+            parts.append(self.stderr.rstrip("\n")[-max_stderr_chars:])
+        if self.timed_out:
+            parts.append(f"[timed out after {self.duration_s:.1f}s]")
+        elif self.exit_code is not None and self.exit_code < 0:
+            parts.append(f"[killed by signal {_signal_name(-self.exit_code)}]")
+        elif self.exit_code:
+            parts.append(f"[exit code {self.exit_code}]")
+        if self.truncated:
+            parts.append("[output truncated]")
+        if self.blocked:
+            parts.append(f"[blocked: {self.blocked}]")
+        return "\n".join(parts) if parts else "(no output)"
+
+
+@dataclass(frozen=True)
+class SandboxSupport:
+    """Which kernel-enforced layers this machine grants (probed once per process)."""
+
+    root: bool  # the caller runs as root
+    uid_drop: bool  # snippets run as uid/gid 65534 (else: caller's uid; capability-less if root)
+    seccomp: bool
+    netns: bool  # private network namespace
+    userns: bool  # private user namespace (non-root callers)
+    readonly_fs: bool  # private mount namespace, everything read-only but the working directory
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run ``code`` in a fresh sandboxed interpreter and report what happened.
+
+    Failures of the sandbox itself (no temp dir, no interpreter) raise; anything the snippet
+    does, including crashing or hanging, is reported in the result.
+    """
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, got {type(code).__name__}")
+    if not isinstance(limits, SandboxLimits):
+        raise TypeError(f"limits must be SandboxLimits, got {type(limits).__name__}")
+    support = sandbox_support()
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="llmrl-sandbox-"))
+    try:
+        script = os.path.join(workdir, "main.py")
+        with open(script, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(code)
+        if support.uid_drop:
+            for path in (workdir, script):
+                os.chown(path, guard.NOBODY, guard.NOBODY)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            config = {"root": workdir, "allow_network": limits.allow_network}
+            config["max_processes"] = limits.max_processes
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                _command(json.dumps(config)),
+                cwd=workdir,
+                env=guard.child_env(workdir),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=_preexec(limits, support.uid_drop, workdir),
+            )
+            try:
+                finished = guard.wait_exited(proc.pid, limits.timeout_s)
+            finally:  # the group dies with the child, or on timeout, or if we are interrupted
+                guard.kill_group(proc.pid)
+                proc.wait()
+            duration = time.monotonic() - start
+            stdout, cut_out = _read_head(out, limits.max_output_chars)
+            stderr, cut_err = _read_tail(err, limits.max_output_chars)
+            blocked = _first_marker(err)
+        return SandboxResult(
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=proc.returncode if finished else None,
+            timed_out=not finished,
+            truncated=cut_out or cut_err,
+            blocked=blocked,
+            duration_s=duration,
+        )
+    finally:
+        guard.remove_tree(workdir)
+
+
+def extract_python_blocks(markdown: str) -> list[str]:
+    """Contents of the fenced code blocks labelled ``python``/``py``/``python3``, in order.
+
+    Other languages are skipped; a block left open runs to the end of the text, and a closing
+    fence glued to the last code line (``print(1)```) still closes it.
+    """
+    blocks: list[str] = []
+    lines: list[str] | None = None  # the open block's lines
+    fence, indent, keep = "", 0, False
+
+    def close() -> None:
+        if keep:
+            dedent = [ln[min(indent, len(ln) - len(ln.lstrip(" "))) :] for ln in lines]
+            blocks.append("\n".join(dedent))
+
+    for line in markdown.splitlines():
+        stripped = line.lstrip(" ")
+        if lines is None:
+            m = re.match(r"(`{3,}|~{3,})[ \t]*([\w.+-]*)", stripped)
+            if m and len(line) - len(stripped) <= 3 and "`" not in stripped[len(m[1]) :]:
+                lines, fence, indent = [], m[1], len(line) - len(stripped)
+                keep = m[2].lower() in ("python", "py", "python3")
+            continue
+        body = line.rstrip()
+        head = body.rstrip(fence[0])
+        if len(body) - len(head) < len(fence):
+            lines.append(line)
+            continue
+        if head.strip():
+            lines.append(head)
+        close()
+        lines = None
+    if lines is not None:
+        close()
+    return blocks
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_support() -> SandboxSupport:
+    """Probe (once) which kernel layers work here; as root, whether nobody can run Python."""
+    root, errors = os.geteuid() == 0, []
+    for drop in (True, False) if root else (False,):
+        try:
+            info = guard.probe(
+                _interpreter(), lambda w, d=drop: _preexec(SandboxLimits(), d, w), drop
+            )
+        except (OSError, RuntimeError) as exc:  # e.g. nobody may not reach the interpreter
+            errors.append(f"{'as nobody' if drop else 'as is'}: {exc}")
+            continue
+        return SandboxSupport(root=root, uid_drop=drop, **info)
+    raise RuntimeError(f"the sandbox cannot start {_interpreter()}: {'; '.join(errors)}")
+
+
+# ------------------------------------------------------------------------------- helpers
+def _interpreter() -> str:
+    if not sys.executable:
+        raise RuntimeError("sys.executable is unknown; the sandbox needs a Python interpreter")
+    return sys.executable
+
+
+@functools.lru_cache(maxsize=1)
+def _guard_source() -> str:
+    return Path(guard.__file__).read_text(encoding="utf-8")
+
+
+def _command(config: str) -> list[str]:
+    return [_interpreter(), "-I", "-B", "-c", guard.BOOTSTRAP, _guard_source(), config]
+
+
+def _preexec(limits: SandboxLimits, drop_uid: bool, workdir: str):
+    return guard.make_preexec(
+        workdir=workdir,
+        memory_mb=limits.memory_mb,
+        max_file_mb=limits.max_file_mb,
+        cpu_s=math.ceil(limits.timeout_s) + 1,
+        max_processes=limits.max_processes,
+        allow_network=limits.allow_network,
+        drop_to=guard.NOBODY if drop_uid else None,
+    )
+
+
+def _read_head(f, limit: int) -> tuple[str, bool]:
+    f.seek(0)
+    data = f.read(4 * limit + 4)
+    text = data.decode("utf-8", errors="replace")
+    return text[:limit], len(text) > limit or bool(f.read(1))
+
+
+def _read_tail(f, limit: int) -> tuple[str, bool]:
+    size = f.seek(0, os.SEEK_END)
+    start = max(0, size - 4 * limit - 4 * 200)  # room for the marker lines removed below
+    f.seek(start)
+    text = _MARKER_LINE.sub("", f.read().decode("utf-8", errors="replace"))
+    return text[-limit:], start > 0 or len(text) > limit
+
+
+def _first_marker(f) -> str | None:
+    """The event named by the first ``LLMRL_SANDBOX_BLOCKED <event>`` line, if any."""
+    if os.fstat(f.fileno()).st_size == 0:
+        return None
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        i = m.find(_MARKER + b" ")
+        if i < 0:
+            return None
+        line = m[i + len(_MARKER) + 1 : i + len(_MARKER) + 200].split(b"\n", 1)[0]
+    return line.decode("utf-8", errors="replace").strip() or None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)

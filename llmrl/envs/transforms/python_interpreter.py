@@ -1,0 +1,70 @@
+"""`PythonInterpreter`: runs the assistant's ```python blocks and answers with their output.
+
+Each block of a reply runs in :func:`llmrl.envs.sandbox.run_python` (a separate process with a
+wall-clock timeout, memory and output limits, no network, its own temporary directory and a
+scrubbed environment). The combined result is appended to the conversation as a message from
+``role`` (``tool`` by default) in ``("next", "history", "prompt")``, and the row is marked
+``tool_called`` so the episode continues.
+Rows run in parallel threads; a hostile snippet only ever produces an error message.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from tensordict import TensorDictBase
+
+from llmrl.data import History
+from llmrl.envs.sandbox import SandboxLimits, extract_python_blocks, run_python
+from llmrl.envs.transforms.base import EnvTransform
+
+
+class PythonInterpreter(EnvTransform):
+    """A code-execution tool for chat envs (see the module docstring).
+
+    Example:
+        >>> env = ChatEnv(max_turns=3, transforms=[PythonInterpreter(SandboxLimits(timeout_s=2))])
+    """
+
+    is_tool = True
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        role: str = "tool",
+        max_workers: int = 4,
+        history_key: str = "history",
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.role = role
+        self.max_workers = max_workers
+        self.history_key = history_key
+        self.calls = 0
+
+    def run_reply(self, reply: str) -> str | None:
+        """The tool message for one assistant reply, or None when it has no python block."""
+        blocks = extract_python_blocks(reply)
+        if not blocks:
+            return None
+        results = [run_python(code, self.limits).as_message() for code in blocks]
+        return "\n\n".join(results)
+
+    def on_step(self, td: TensorDictBase) -> TensorDictBase:
+        key = ("next", self.history_key, "prompt")
+        chats = td.get(key).to_chats()
+        replies = [chat[-1]["content"] if chat[-1]["role"] == "assistant" else "" for chat in chats]
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            outputs = list(pool.map(self.run_reply, replies))
+        called = torch.tensor([output is not None for output in outputs])
+        if called.any():
+            for chat, output in zip(chats, outputs, strict=True):
+                if output is not None:
+                    chat.append({"role": self.role, "content": output})
+            td.set(key, History.from_chats(chats))
+            self.calls += int(called.sum())
+        td.set("tool_called", td.get("tool_called") | called)
+        return td
+
+    def __repr__(self) -> str:
+        return f"PythonInterpreter(timeout_s={self.limits.timeout_s}, role={self.role!r})"
