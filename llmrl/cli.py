@@ -8,11 +8,16 @@ Subcommands so far:
 - ``llmrl prepare [--config YAML] [--set KEY=VALUE ...]``: prepare a task's train/eval dataset
   (see :mod:`llmrl.data.prepare`); prints the resolved config, then the dataset directory as the
   last line of stdout, so a pipeline can read it with ``tail -n 1``.
+- ``llmrl sft|grpo|eval --config YAML [--set KEY=VALUE ...]``: the training stages
+  (:mod:`llmrl.train`); each prints the resolved config first and a one-line JSON summary of its
+  result (final checkpoint, metrics) as the last line of stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import sys
 from importlib.metadata import version
@@ -53,6 +58,32 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_stage(args: argparse.Namespace) -> int:
+    from llmrl.config import dump_config, load_config
+    from llmrl.train.stages import STAGES
+
+    config_cls, run = STAGES[args.command]
+    overrides = [*args.overrides, *(["progress=false"] if args.no_progress else [])]
+    config = load_config(config_cls, args.config, overrides)
+    print(dump_config(config), end="", flush=True)
+    result = run(config)
+    print(json.dumps(dataclasses.asdict(result), default=str))
+    return 0
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="YAML", help="the stage config (YAML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optimizer.lr=1e-5 (repeatable; YAML values)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``llmrl`` command."""
     parser = argparse.ArgumentParser(prog="llmrl", description=__doc__.splitlines()[0])
@@ -69,19 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     prepare = commands.add_parser(
         "prepare", help="prepare a task's train/eval dataset; prints its directory last"
     )
-    prepare.add_argument(
-        "--config", metavar="YAML", help="the stage config (default: built-in defaults)"
-    )
-    prepare.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set split.seed=3 (repeatable; values are YAML)",
-    )
-    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_arguments(prepare)
     prepare.set_defaults(handler=_prepare)
+    for name, text in (
+        ("sft", "supervised fine-tuning on a prepared dataset"),
+        ("grpo", "GRPO reinforcement learning on a prepared dataset's task reward"),
+        ("eval", "held-out accuracy and pass@k of a model or checkpoint"),
+    ):
+        stage = commands.add_parser(name, help=text)
+        _add_config_arguments(stage)
+        stage.set_defaults(handler=_run_stage)
     return parser
 
 

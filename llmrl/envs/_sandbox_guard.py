@@ -1,23 +1,22 @@
-"""Containment mechanics behind :mod:`llmrl.envs.sandbox` (private).
+"""Containment mechanics behind :mod:`llmrl.envs.sandbox` (private; see its threat model).
 
-Two halves that live together because they implement one policy:
+* Kernel side, in the caller: :func:`make_preexec` confines the forked child before ``exec``
+  (namespaces, read-only mounts, capability and uid drop, ``no_new_privs``, seccomp-bpf,
+  rlimits); :func:`probe` finds out which of those this machine grants; the waiting, group
+  kill and cleanup helpers make sure nothing outlives a run.
+* Interpreter side, in the child: ``sandbox.py`` runs this file's source through
+  :data:`BOOTSTRAP` in ``python -I -B``; :func:`child_main` trims ``sys.path``, installs the
+  audit hook of :func:`make_hook` and executes the snippet (``main.py``) as ``__main__``.
 
-* Parent side, run in the forked child before ``exec`` (:func:`make_preexec`): namespaces,
-  capability and uid drop, ``no_new_privs``, a seccomp-bpf filter and rlimits. These are
-  enforced by the kernel and survive anything the snippet does, native code included.
-* Child side (:func:`child_main`): ``sandbox.py`` passes this file's source to
-  ``python -I -B -c`` and the interpreter, before running the snippet, installs an audit hook
-  that denies file, process, signal, network and introspection operations. This is an
-  in-interpreter guard, best effort by nature (see the threat model in ``sandbox.py``).
-
-This module must stay importable by the bare sandboxed interpreter: standard library only,
-and nothing at import time but definitions.
+So it must stay importable by the bare sandboxed interpreter: standard library only, and
+nothing but definitions at import time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import struct
 import sys
@@ -183,8 +182,9 @@ def readonly_mounts(libc, keep: str) -> bool:
     return done
 
 
+@functools.lru_cache(maxsize=1)
 def load_libc():
-    """libc through ctypes (parent side only), or None where that is unavailable."""
+    """libc through ctypes (caller side only), or None where that is unavailable."""
     try:
         import ctypes
 

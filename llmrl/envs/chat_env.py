@@ -66,8 +66,10 @@ class ChatEnv:
     # ------------------------------------------------------------------ reset
     def reset(self, td: TensorDictBase | None = None) -> TensorDictBase:
         """Start conversations for a batch ``[B]`` of prompts."""
-        if td is None:
-            td = next((b for t in self.transforms if (b := t.next_batch()) is not None), None)
+        for transform in self.transforms if td is None else ():
+            td = transform.next_batch()  # may raise StopIteration: the dataset is exhausted
+            if td is not None:
+                break
         if td is None:
             raise ValueError("reset needs prompts: pass a TensorDict or add a DataLoadingPrimer")
         td = td.clone(False)

@@ -1,39 +1,42 @@
 """Run untrusted, LLM-written Python snippets (the ``PythonInterpreter`` tool) in a sandbox.
 
-Every :func:`run_python` call starts a fresh ``python -I -B`` child in a new temporary working
-directory, with a scrubbed environment and its output in files, and waits for it with a wall
-clock timeout. Nothing the snippet does is raised in the caller: it all ends up in a
-:class:`SandboxResult`, and the caller can serve the next request at once.
+Each :func:`run_python` call starts a fresh ``python -I -B`` child in a new temporary working
+directory (also its HOME and TMPDIR; removed afterwards, timeouts included), with an
+environment built from scratch, stdout/stderr in files read back capped, and a wall-clock
+timeout after which the child's whole process group is SIGKILLed. Whatever the snippet does
+ends up in a :class:`SandboxResult`; only failures of the sandbox itself raise, and the caller
+can serve the next request at once. Safe to call from several threads.
 
-Threat model. The snippet is hostile: it may loop, fork, allocate, print without end, open
-sockets, read secrets (``/proc/<parent>/environ``, files) or signal the caller. The layers:
+Threat model: the snippet is hostile (loops, forks, allocates, floods output, opens sockets,
+reads secrets such as ``/proc/<caller>/environ``, signals or re-limits the caller).
 
-* Enforced by the kernel (cannot be undone by the snippet, native code included):
-  rlimits (address space, file size, CPU time, open files, no core dumps, process count
-  where it is per sandbox: under a dropped uid or in a user namespace), its own session and
-  process group (``setsid``; a timeout ``SIGKILL``\\ s the whole group, and the parent-death
-  signal kills the child if the caller dies), ``no_new_privs`` and a seccomp filter (Linux
-  x86_64/aarch64: no fork/exec unless ``max_processes``, no sockets unless ``allow_network``,
-  no ptrace, no signals, rlimits or scheduling aimed at other processes, no new session,
-  namespaces, mounts or links). As root: uid/gid 65534 (nobody), so file permissions and
-  RLIMIT_NPROC apply, or, when nobody cannot run this interpreter (e.g. it lives under a
-  0700 ``/root``), uid 0 with every capability dropped; and a private network namespace.
-  Not root: a user namespace (plus a network namespace) where the kernel permits one, which
-  also hides the caller's ``/proc/<pid>`` from the snippet. :func:`sandbox_support` reports
-  which of these this machine grants; refused ones are skipped, never fatal.
-* Enforced by an audit hook inside the child interpreter (``_sandbox_guard.py``): file
-  opens/listing/mutation outside the working directory (reads of Python's own install are
-  allowed), process creation, signals, sockets and urllib, ctypes/cffi, subinterpreters,
-  gc and trace introspection. On denial it prints ``LLMRL_SANDBOX_BLOCKED <event>`` to stderr
-  and raises ``PermissionError`` (``ImportError`` for imports). This guard is best effort:
-  CPython audit hooks are not a security boundary, and native code in site-packages that
-  does its own I/O (pyarrow, torch.from_file, ...) bypasses it. It is what keeps reads of
-  world-readable files and writes where the uid may write (e.g. ``/tmp``) away from the
-  snippet; everything that matters for the caller's safety has a kernel layer.
+* Enforced by the kernel (holds against native code too), set up between fork and exec:
+  rlimits (address space, file size, CPU time, open files, no core dumps; process count where
+  it is per sandbox: dropped uid or user namespace); its own session and process group, and a
+  parent-death SIGKILL; ``no_new_privs`` and a seccomp filter on x86_64/aarch64 (no fork
+  unless ``max_processes``, no socket unless ``allow_network``; never ptrace, pidfd, setsid,
+  namespaces, mounts or links, nor kill/prlimit/scheduling aimed at other processes); a
+  private mount namespace where all but the working directory is read-only, and a private
+  network namespace. As root the child runs as uid/gid 65534 or, when nobody cannot run this
+  interpreter (pyenv under a 0700 /root, say), as uid 0 without any capability. Not root, the
+  namespaces need an unprivileged user namespace (which also hides the caller's /proc files).
+  Refused layers are skipped; :func:`sandbox_support` reports what this machine grants.
+* Enforced by an audit hook in the child (``_sandbox_guard.py``): opening, listing or changing
+  files outside the working directory (Python's own install stays readable), process
+  creation, signals and prlimit on others, sockets and urllib, ctypes/cffi, subinterpreters,
+  gc and trace introspection. A denial prints ``LLMRL_SANDBOX_BLOCKED <event>`` to stderr
+  (parsed into ``blocked``; imports a library merely probes, as numpy does ctypes, are not
+  reported) and raises PermissionError (ImportError for imports). Best effort: audit hooks
+  are no security boundary; native code doing its own I/O (pyarrow, torch.from_file...) or a
+  CPython memory-safety bug gets past them. It alone keeps world-readable files such as
+  /etc/passwd from the snippet; what protects the caller has a kernel layer wherever the
+  kernel grants one. With ``max_processes > 0``, programs the snippet starts run unhooked.
 
-This is not a substitute for a container, gVisor or a VM on a cluster: the Helm deployment
-should run env workers in their own unprivileged pods (no service-account token, no secrets
-mounted, egress denied by a NetworkPolicy) and treat this module as the inner layer.
+Not contained: the number of files written in the working directory (only their size is
+capped), load on the machine within the limits, and a snippet forging its own marker. This is
+no substitute for a container, gVisor or a VM on a cluster: the Helm deployment should run env
+workers in their own unprivileged pods (no service-account token or secrets mounted, egress
+denied by a NetworkPolicy), with this module as the inner layer.
 """
 
 from __future__ import annotations
@@ -121,11 +124,11 @@ class SandboxSupport:
     """Which kernel-enforced layers this machine grants (probed once per process)."""
 
     root: bool  # the caller runs as root
-    uid_drop: bool  # snippets run as uid/gid 65534 (else: caller's uid; capability-less if root)
+    uid_drop: bool  # snippets run as 65534 (else the caller's uid; without capabilities if 0)
     seccomp: bool
     netns: bool  # private network namespace
     userns: bool  # private user namespace (non-root callers)
-    readonly_fs: bool  # private mount namespace, everything read-only but the working directory
+    readonly_fs: bool  # private mount namespace: read-only but for the working directory
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:

@@ -1,0 +1,40 @@
+"""Launchers run one ``llmrl`` stage command somewhere and return its summary.
+
+- :class:`LocalLauncher`: a subprocess of this machine (``make run``, tests).
+- :class:`KubernetesLauncher`: a KubeRay ``RayJob`` (sft, grpo) or a ``batch/v1`` Job (prepare,
+  eval) on a cluster.
+
+Both follow the :class:`Launcher` protocol and raise the same three errors, so a flow does not
+know where its stages run.
+"""
+
+from flows.launchers.base import (
+    STAGE_COMMANDS,
+    Launcher,
+    StageConfigError,
+    StageError,
+    StageFailedError,
+    StageResult,
+    TransientStageError,
+    parse_summary,
+    stage_arguments,
+)
+from flows.launchers.kubernetes import KubernetesLauncher
+from flows.launchers.local import LocalLauncher
+from flows.launchers.manifests import KubernetesSettings, PodResources
+
+__all__ = [
+    "STAGE_COMMANDS",
+    "KubernetesLauncher",
+    "KubernetesSettings",
+    "Launcher",
+    "LocalLauncher",
+    "PodResources",
+    "StageConfigError",
+    "StageError",
+    "StageFailedError",
+    "StageResult",
+    "TransientStageError",
+    "parse_summary",
+    "stage_arguments",
+]

@@ -1,0 +1,165 @@
+"""What every launcher shares: the :class:`Launcher` protocol, :class:`StageResult`, the stage
+errors a flow reacts to, and how a stage's command line and summary look.
+
+A stage is the ``llmrl`` command (``llmrl prepare|sft|grpo|eval --config YAML --set K=V``). It
+prints its resolved config, then its result as the last line of stdout: the prepared dataset's
+directory for ``prepare``, a one-line JSON object for the others. A launcher runs that command
+somewhere (a local subprocess, a Kubernetes pod) and hands back the parsed result, or raises one
+of three errors whose class tells the flow whether a retry can help:
+
+- :class:`StageConfigError`: exit code 2, the config or the data is wrong. Never retried.
+- :class:`TransientStageError`: the launcher's API or the tracking server did not answer.
+  Retried with backoff.
+- :class:`StageFailedError`: anything else (a crash, an OOM kill, an image that cannot be
+  pulled). Not retried: the same inputs fail the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+STAGE_COMMANDS: tuple[str, ...] = ("prepare", "sft", "grpo", "eval")
+"""The ``llmrl`` subcommands a launcher runs."""
+
+CONFIG_ERROR_EXIT_CODE = 2
+"""The exit code of ``llmrl`` for a user error (bad config or data); the message is on stderr."""
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a finished stage reported.
+
+    ``summary`` is the stage's last stdout line: the parsed JSON object of ``sft``/``grpo``/
+    ``eval``, or ``{"path": <dataset directory>}`` for ``prepare``. ``stdout_tail`` holds the last
+    lines of its output, ``seconds`` the wall time the launcher measured.
+    """
+
+    summary: dict[str, Any]
+    stdout_tail: str = ""
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class StageError(RuntimeError):
+    """A stage that did not produce a result; ``stage`` names it, the message says why."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        self.stage = stage
+        self.message = message
+        super().__init__(f"{stage}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.message))
+
+
+class StageConfigError(StageError):
+    """The stage rejected its config or data (exit code 2): fix the input, retrying cannot help."""
+
+
+class StageFailedError(StageError):
+    """The stage ran and failed (crash, OOM kill, unpullable image, ...); not retried."""
+
+
+class TransientStageError(StageError):
+    """A failure outside the stage's own inputs (launcher API, tracking server): retry it."""
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Runs one stage command to completion.
+
+    Example::
+
+        launcher = LocalLauncher()
+        result = launcher.run("prepare", "configs/prepare.yaml", ["generate.train_size=50"], {})
+        result.summary["path"]  # the prepared dataset directory
+    """
+
+    def run(
+        self,
+        stage: str,
+        config_path: str | Path | None,
+        overrides: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        name: str | None = None,
+    ) -> StageResult:
+        """Run ``llmrl <stage> --config <config_path> --set <override> ...`` with ``env`` added
+        to its environment; ``name`` (default: ``stage``) labels its logs and resources.
+
+        Raises:
+            StageConfigError: exit code 2 (bad config or data).
+            TransientStageError: the infrastructure failed; a retry may succeed.
+            StageFailedError: any other failure.
+        """
+        ...
+
+
+def stage_arguments(
+    stage: str, config_path: str | Path | None, overrides: Sequence[str]
+) -> list[str]:
+    """The ``llmrl`` arguments of a stage: ``<stage> [--config PATH] --no-progress --set ...``."""
+    if stage not in STAGE_COMMANDS:
+        raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGE_COMMANDS)}")
+    arguments = [stage]
+    if config_path is not None:
+        arguments += ["--config", str(config_path)]
+    arguments.append("--no-progress")
+    for override in overrides:
+        arguments += ["--set", override]
+    return arguments
+
+
+def parse_summary(stage: str, lines: Sequence[str]) -> dict[str, Any]:
+    """The result a stage printed last.
+
+    ``prepare`` prints a directory: its summary is ``{"path": <last non-empty line>}``. The other
+    stages print a JSON object: the last line that parses as one is the summary (a pod's log may
+    have lines after it, e.g. ``ray job submit``'s closing banner).
+
+    Raises:
+        StageFailedError: no such line (the stage exited 0 without reporting a result).
+    """
+    text_lines = [line.strip() for line in lines if line.strip()]
+    if stage == "prepare":
+        if text_lines:
+            return {"path": text_lines[-1]}
+    else:
+        for line in reversed(text_lines):
+            if not line.startswith("{"):
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    expected = "a directory" if stage == "prepare" else "a one-line JSON summary"
+    tail = "\n".join(text_lines[-5:]) or "(no output)"
+    raise StageFailedError(
+        stage, f"finished without printing {expected} as its last line; output ended with:\n{tail}"
+    )
+
+
+def tail_text(lines: Iterable[str], count: int = 20) -> str:
+    """The last ``count`` lines, joined."""
+    return "\n".join(list(lines)[-count:])
+
+
+def stage_logger(name: str = "flows.launchers") -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger inside a flow or task run (lines show in the UI), else a plain
+    :mod:`logging` logger, so launchers also work outside Prefect (tests, scripts)."""
+    try:
+        from prefect import get_run_logger
+        from prefect.exceptions import MissingContextError
+    except ImportError:  # pragma: no cover - prefect is a dependency of flows/
+        return logging.getLogger(name)
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(name)

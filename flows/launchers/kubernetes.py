@@ -1,0 +1,503 @@
+"""Run a stage on Kubernetes: a KubeRay ``RayJob`` for the GPU stages (``sft``, ``grpo``), a
+plain ``batch/v1`` ``Job`` for the one-pod stages (``prepare``, ``eval``).
+
+For one stage run, :class:`KubernetesLauncher`:
+
+1. creates a ConfigMap with the stage's config file, mounted at ``/etc/llmrl/<stage>.yaml``;
+2. creates the Job or RayJob (built by :mod:`flows.launchers.manifests`) and makes it the
+   ConfigMap's owner, so deleting it removes the ConfigMap too;
+3. watches it until it succeeds or fails. After every watch event, and at least every
+   ``watch_window_s``, it lists the run's pods: ``ImagePullBackOff``, ``ErrImagePull``,
+   ``CrashLoopBackOff``, ``OOMKilled`` fail the stage at once with the pod's reason, and so does
+   ``Unschedulable`` (condition ``PodScheduled=False``) once it lasts
+   ``unschedulable_timeout_s``. The driver pod's log is followed into the task's logger;
+4. reads the summary from the driver's log: its last JSON line (``prepare``: its last line).
+
+When the task is cancelled it deletes what it created; after a failure too, unless
+``delete_on_failure`` is off. After a success ``ttlSecondsAfterFinished`` cleans up. API errors
+429/5xx and an unreachable API are :class:`TransientStageError` (the flow retries); while
+watching, they are retried in place for ``api_retry_s`` first. ``kubernetes`` is imported only
+when a launcher talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from flows.launchers.base import (
+    StageConfigError,
+    StageError,
+    StageFailedError,
+    StageResult,
+    TransientStageError,
+    parse_summary,
+    stage_logger,
+    tail_text,
+)
+from flows.launchers.manifests import (
+    LABEL_ROLE,
+    LABEL_RUN,
+    RAY_STAGES,
+    KubernetesSettings,
+    PodResources,
+    build_config_map,
+    build_job_manifest,
+    build_rayjob_manifest,
+    resource_name,
+)
+
+if TYPE_CHECKING:
+    from llmrl.topology import SchedulingSpec, Topology
+
+DRIVER_ROLES = ("job", "driver")
+FATAL_WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+_HINTS = {
+    "ImagePullBackOff": "check kubernetes.image and the cluster's access to the registry",
+    "ErrImagePull": "check kubernetes.image and the cluster's access to the registry",
+    "OOMKilled": "the container ran out of memory; raise the memory of its role or job",
+    "Unschedulable": "no node can hold the pod: check the topology's GPUs/CPUs/memory and its "
+    "node selectors and tolerations",
+    "CrashLoopBackOff": "the container keeps exiting; its log is above",
+}
+
+# ------------------------------------------------------------------------ status (pure)
+
+
+def job_outcome(job: Mapping[str, Any]) -> tuple[str, str]:
+    """``("running" | "succeeded" | "failed", message)`` of a batch/v1 Job."""
+    status = job.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "succeeded", ""
+        if condition.get("type") in ("Failed", "FailureTarget"):
+            reason, message = condition.get("reason", ""), condition.get("message", "")
+            return "failed", f"Job failed: {reason}: {message}".rstrip(": ")
+    return "running", ""
+
+
+def rayjob_outcome(rayjob: Mapping[str, Any]) -> tuple[str, str]:
+    """``("running" | "succeeded" | "failed", message)`` of a RayJob."""
+    status = rayjob.get("status") or {}
+    job_status, deployment = status.get("jobStatus", ""), status.get("jobDeploymentStatus", "")
+    if job_status == "SUCCEEDED":
+        return "succeeded", ""
+    if job_status in ("FAILED", "STOPPED") or deployment == "Failed":
+        reason, message = status.get("reason", ""), status.get("message", "")
+        what = f"RayJob {deployment or 'Failed'} (job {job_status or 'not started'})"
+        return "failed", f"{what}: {reason}: {message}".rstrip(": ")
+    if deployment == "Complete":
+        return "failed", f"RayJob Complete without success (job {job_status or 'unknown'})"
+    return "running", ""
+
+
+def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(reason, description)`` of what keeps a pod from doing its work, or None.
+
+    Reasons: ``Unschedulable`` (PodScheduled=False), a container waiting in one of
+    :data:`FATAL_WAITING_REASONS`, ``OOMKilled`` (now or as the last termination), ``Evicted``.
+    """
+    name = (pod.get("metadata") or {}).get("name", "?")
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return "Unschedulable", f"pod {name}: Unschedulable: {condition.get('message', '')}"
+    if status.get("reason") == "Evicted":
+        return "Evicted", f"pod {name}: Evicted: {status.get('message', '')}"
+    containers = [*(status.get("initContainerStatuses") or [])]
+    containers += status.get("containerStatuses") or []
+    for container in containers:
+        where = f"pod {name} container {container.get('name', '?')}"
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING_REASONS:
+            return waiting["reason"], f"{where}: {waiting['reason']}: {waiting.get('message', '')}"
+        for state in (container.get("state"), container.get("lastState")):
+            terminated = (state or {}).get("terminated") or {}
+            if terminated.get("reason") == "OOMKilled":
+                code = terminated.get("exitCode", 137)
+                return "OOMKilled", f"{where}: OOMKilled (exit code {code})"
+    return None
+
+
+def pod_exit_code(pod: Mapping[str, Any]) -> int | None:
+    """The exit code of a pod's first terminated container, if any."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated and "exitCode" in terminated:
+            return int(terminated["exitCode"])
+    return None
+
+
+# ------------------------------------------------------------------------ the launcher
+
+
+class KubernetesLauncher:
+    """Runs stages as Kubernetes Jobs and KubeRay RayJobs and waits for them.
+
+    ``api_client`` is a ``kubernetes.client.ApiClient`` (default: in-cluster config, else
+    ``~/.kube/config``); ``topology`` defaults to ``settings.topology``'s file, else
+    ``Topology()``.
+
+    Example::
+
+        launcher = KubernetesLauncher(KubernetesSettings(namespace="llmrl", image="llmrl:0.1"))
+        result = launcher.run("sft", "configs/sft.yaml", ["steps=100"], env={...}, name="sft")
+    """
+
+    def __init__(
+        self,
+        settings: KubernetesSettings | None = None,
+        *,
+        api_client: Any = None,
+        topology: Topology | None = None,
+    ) -> None:
+        self.settings = settings or KubernetesSettings()
+        self._api_client = api_client
+        self._topology = topology
+
+    # -- public
+
+    def run(
+        self,
+        stage: str,
+        config_path: str | Path | None,
+        overrides: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        name: str | None = None,
+    ) -> StageResult:
+        """Run the stage on the cluster; see :meth:`flows.launchers.base.Launcher.run`."""
+        label = name or stage
+        logger = stage_logger()
+        resource = resource_name(label)
+        ray = stage in RAY_STAGES
+        config_text = Path(config_path).read_text(encoding="utf-8") if config_path else None
+        config_map = resource if config_text is not None else None
+        if ray:
+            manifest = build_rayjob_manifest(
+                stage, resource, self.settings, self.topology,
+                overrides=overrides, env=env, config_map=config_map,
+            )  # fmt: skip
+        else:
+            scheduling = self._job_scheduling(stage)
+            manifest = build_job_manifest(
+                stage, resource, self.settings,
+                overrides=overrides, env=env, config_map=config_map, scheduling=scheduling,
+            )  # fmt: skip
+        run = _Run(self, label, stage, resource, "rayjob" if ray else "job", logger)
+        start = time.monotonic()
+        try:
+            if config_text is not None:
+                run.create_config_map(config_text)
+            run.create(manifest)
+            logger.info("%s: created %s %s/%s", label, manifest["kind"], run.namespace, resource)
+            summary = run.wait()
+        except StageError:
+            if self.settings.delete_on_failure:
+                run.delete()
+            else:
+                logger.warning("%s: kept %s/%s for inspection", label, run.kind, resource)
+            raise
+        except BaseException:
+            logger.warning("%s: cancelled; deleting %s %s", label, run.kind, resource)
+            run.delete()
+            raise
+        seconds = time.monotonic() - start
+        logger.info("%s: finished in %.1f s", label, seconds)
+        details = {"kind": manifest["kind"], "name": resource, "namespace": run.namespace}
+        return StageResult(summary, tail_text(run.log_lines), seconds, details)
+
+    @property
+    def topology(self) -> Topology:
+        """The topology RayJobs are built from."""
+        if self._topology is None:
+            from llmrl.config import load_config
+            from llmrl.topology import Topology
+
+            path = self.settings.topology
+            if path and Path(path).is_file():
+                data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+                if isinstance(data, dict) and isinstance(data.get("topology"), dict):
+                    self._topology = Topology.model_validate(data["topology"])  # values file
+                else:
+                    self._topology = load_config(Topology, path)
+            elif path:
+                raise StageConfigError("topology", f"{path}: topology file does not exist")
+            else:
+                self._topology = Topology()
+        return self._topology
+
+    def _job_scheduling(self, stage: str) -> SchedulingSpec | None:
+        """GPU jobs go where the trainer goes, CPU jobs where the env workers go."""
+        gpus = self.settings.jobs.get(stage, PodResources()).gpus
+        topology = self.topology
+        return topology.trainer.scheduling if gpus else topology.env_workers.scheduling
+
+    def api(self) -> Any:
+        """The ``kubernetes.client.ApiClient`` (loaded from the environment on first use)."""
+        if self._api_client is None:
+            try:
+                from kubernetes import client, config
+            except ImportError as error:  # pragma: no cover - depends on the environment
+                raise StageFailedError(
+                    "kubernetes", "the kubernetes launcher needs `pip install 'llmrl[k8s]'`"
+                ) from error
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api_client = client.ApiClient()
+        return self._api_client
+
+
+class _Run:
+    """One stage run on the cluster: what was created, its pods, its driver's log."""
+
+    def __init__(
+        self, launcher: KubernetesLauncher, label: str, stage: str, name: str, kind: str, logger
+    ) -> None:
+        from kubernetes import client
+
+        self.settings = launcher.settings
+        self.label, self.stage, self.name, self.kind, self.logger = label, stage, name, kind, logger
+        self.namespace = self.settings.namespace
+        api = launcher.api()
+        self.core, self.batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.created: list[str] = []  # "configmap" / "job" / "rayjob"
+        self.log_lines: deque[str] = deque(maxlen=2000)
+        self._followed: dict[str, threading.Thread] = {}
+        self._unschedulable_since: dict[str, float] = {}
+
+    # -- creation and deletion
+
+    def create_config_map(self, config_text: str) -> None:
+        body = build_config_map(self.name, self.namespace, self.stage, config_text)
+        with self.api_errors("creating the ConfigMap"):
+            self.core.create_namespaced_config_map(self.namespace, body)
+        self.created.append("configmap")
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        with self.api_errors(f"creating the {manifest['kind']}"):
+            if self.kind == "rayjob":
+                created = self.custom.create_namespaced_custom_object(
+                    "ray.io", "v1", self.namespace, "rayjobs", manifest
+                )
+                uid = created["metadata"]["uid"]
+            else:
+                created = self.batch.create_namespaced_job(self.namespace, manifest)
+                uid = created.metadata.uid
+        self.created.append(self.kind)
+        if "configmap" in self.created:  # deleting the job deletes its config
+            owner = {
+                "apiVersion": manifest["apiVersion"],
+                "kind": manifest["kind"],
+                "name": self.name,
+                "uid": uid,
+            }
+            patch = {"metadata": {"ownerReferences": [owner]}}
+            with self.api_errors("adopting the ConfigMap"):
+                self.core.patch_namespaced_config_map(self.name, self.namespace, patch)
+
+    def delete(self) -> None:
+        """Delete what this run created (best effort: errors are logged, not raised)."""
+        for what in reversed(self.created):
+            try:
+                if what == "rayjob":
+                    self.custom.delete_namespaced_custom_object(
+                        "ray.io", "v1", self.namespace, "rayjobs", self.name,
+                        propagation_policy="Background",
+                    )  # fmt: skip
+                elif what == "job":
+                    self.batch.delete_namespaced_job(
+                        self.name, self.namespace, propagation_policy="Background"
+                    )
+                else:
+                    self.core.delete_namespaced_config_map(self.name, self.namespace)
+                self.logger.info("%s: deleted %s %s", self.label, what, self.name)
+            except Exception as error:  # cleanup must not hide the real error
+                if getattr(error, "status", None) != 404:
+                    self.logger.warning("%s: could not delete %s: %s", self.label, what, error)
+        self.created.clear()
+
+    # -- waiting
+
+    def wait(self) -> dict[str, Any]:
+        """Watch until the run ends; the parsed summary, or a StageError."""
+        from kubernetes import watch
+
+        outcome_of = rayjob_outcome if self.kind == "rayjob" else job_outcome
+        resource_version: str | None = None
+        failing_since: float | None = None
+        while True:
+            try:
+                with self.api_errors(f"watching the {self.kind}"):
+                    kwargs = {
+                        "namespace": self.namespace,
+                        "field_selector": f"metadata.name={self.name}",
+                    }
+                    if resource_version:
+                        kwargs["resource_version"] = resource_version
+                    for event in watch.Watch().stream(
+                        self._list_function(), timeout_seconds=self.settings.watch_window_s,
+                        **self._list_args(), **kwargs,
+                    ):  # fmt: skip
+                        obj = event["raw_object"]
+                        if event["type"] == "DELETED":
+                            raise StageFailedError(self.label, f"{self.name} was deleted")
+                        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
+                        state, message = outcome_of(obj)
+                        pods = self.check_pods()
+                        if state != "running":
+                            return self.finish(state, message, pods)
+                    self.check_pods()
+                failing_since = None
+            except TransientStageError as error:
+                resource_version = None
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > self.settings.api_retry_s:
+                    raise
+                self.logger.warning("%s: %s; watching again", self.label, error.message)
+                time.sleep(min(5.0, self.settings.watch_window_s))
+
+    def _list_function(self) -> Any:
+        if self.kind == "rayjob":
+            return self.custom.list_namespaced_custom_object
+        return self.batch.list_namespaced_job
+
+    def _list_args(self) -> dict[str, Any]:
+        if self.kind == "rayjob":
+            return {"group": "ray.io", "version": "v1", "plural": "rayjobs"}
+        return {}
+
+    def check_pods(self) -> list[dict[str, Any]]:
+        """List the run's pods; raise on a fatal pod problem; follow new driver pods' logs."""
+        selector = f"{LABEL_RUN}={self.name}"
+        with self.api_errors("listing pods"):
+            response = self.core.list_namespaced_pod(
+                self.namespace, label_selector=selector, _preload_content=False
+            )
+            pods = json.loads(response.data).get("items") or []
+        now = time.monotonic()
+        for pod in pods:
+            pod_name = pod["metadata"]["name"]
+            problem = pod_problem(pod)
+            if problem and problem[0] == "Unschedulable":
+                first = self._unschedulable_since.setdefault(pod_name, now)
+                if now - first < self.settings.unschedulable_timeout_s:
+                    continue
+            elif problem is None:
+                self._unschedulable_since.pop(pod_name, None)
+            if problem:
+                reason, description = problem
+                raise StageFailedError(self.label, self._explain(reason, description))
+            role = (pod["metadata"].get("labels") or {}).get(LABEL_ROLE)
+            phase = (pod.get("status") or {}).get("phase")
+            started = phase in ("Running", "Succeeded", "Failed")
+            if role in DRIVER_ROLES and started and pod_name not in self._followed:
+                self._followed[pod_name] = self._follow(pod_name)
+        return pods
+
+    def finish(self, state: str, message: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
+        """The summary of a succeeded run, or the error of a failed one."""
+        for thread in self._followed.values():
+            thread.join(timeout=10)
+        drivers = [
+            p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) in DRIVER_ROLES
+        ]
+        drivers.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        lines = self._driver_log(drivers[-1]["metadata"]["name"]) if drivers else []
+        lines = lines or list(self.log_lines)
+        if state == "succeeded":
+            return parse_summary(self.stage, lines)
+        tail = tail_text(lines) or "(no log)"
+        exit_code = pod_exit_code(drivers[-1]) if drivers and self.kind == "job" else None
+        if exit_code == 2 or re.search(r"exit code 2\b", message):
+            raise StageConfigError(self.label, f"bad config or data (exit code 2):\n{tail}")
+        raise StageFailedError(self.label, f"{message}\n{tail}")
+
+    def _explain(self, reason: str, description: str) -> str:
+        hint = _HINTS.get(reason)
+        tail = tail_text(self.log_lines, 10)
+        text = f"{description} ({hint})" if hint else description
+        return f"{text}\nlast log lines:\n{tail}" if tail else text
+
+    def _driver_log(self, pod_name: str) -> list[str]:
+        try:
+            text = self.core.read_namespaced_pod_log(pod_name, self.namespace)
+        except Exception as error:  # fall back to the followed lines
+            self.logger.warning("%s: could not read %s's log: %s", self.label, pod_name, error)
+            return []
+        return str(text).splitlines()
+
+    def _follow(self, pod_name: str) -> threading.Thread:
+        """A thread streaming a pod's log lines into the logger and ``log_lines``."""
+        from kubernetes import watch
+
+        def follow() -> None:
+            try:
+                stream = watch.Watch().stream(
+                    self.core.read_namespaced_pod_log, name=pod_name, namespace=self.namespace
+                )
+                for line in stream:
+                    self.log_lines.append(line)
+                    if line.strip():
+                        self.logger.info("[%s] %s", self.label, line)
+            except Exception as error:  # the final log read covers the summary
+                self.logger.debug("%s: log stream of %s ended: %s", self.label, pod_name, error)
+
+        thread = threading.Thread(target=follow, name=f"log-{pod_name}", daemon=True)
+        thread.start()
+        return thread
+
+    @contextlib.contextmanager
+    def api_errors(self, what: str) -> Iterator[None]:
+        """Turn Kubernetes API errors into stage errors: 429/5xx/unreachable are transient."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            yield
+        except ApiException as error:
+            status = int(error.status or 0)
+            detail = _api_message(error)
+            text = f"{what}: the Kubernetes API answered {status} {error.reason}: {detail}"
+            if status in TRANSIENT_STATUSES:
+                raise TransientStageError(self.label, text) from None
+            raise StageFailedError(self.label, text) from None
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as error:
+            text = f"{what}: the Kubernetes API is unreachable: {error}"
+            raise TransientStageError(self.label, text) from None
+
+
+def _api_message(error: Any) -> str:
+    try:
+        return json.loads(error.body).get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        return str(error.body or "")[:500]

@@ -1,0 +1,167 @@
+"""Run a stage as a local subprocess: ``python -m llmrl.cli <stage> --config ... --set ...``.
+
+The child's stdout and stderr lines go to the Prefect task's logger as they come, so the
+Prefect UI shows a stage's progress live. The child runs in its own process group: when the
+task is cancelled (Ctrl-C, Prefect cancellation, any exception reaching the launcher) the
+whole group is terminated, then killed if it does not exit within ``terminate_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from flows.launchers.base import (
+    CONFIG_ERROR_EXIT_CODE,
+    StageConfigError,
+    StageFailedError,
+    StageResult,
+    TransientStageError,
+    parse_summary,
+    stage_arguments,
+    stage_logger,
+    tail_text,
+)
+
+TRANSIENT_PATTERNS = re.compile(
+    r"requests\.exceptions\.ConnectionError|MaxRetryError|Connection refused|"
+    r"Temporary failure in name resolution|Name or service not known|"
+    r"API request to .* failed with exception"
+)
+"""stderr text of a failure caused by an unreachable service (MLflow server), not the stage."""
+
+
+class LocalLauncher:
+    """Runs stages as subprocesses of this Python interpreter.
+
+    ``command`` replaces ``[python, "-m", "llmrl.cli"]`` (tests use a ``python -c`` script);
+    ``cwd`` is the child's working directory (default: this process's).
+
+    Example::
+
+        result = LocalLauncher().run(
+            "prepare", "configs/prepare.yaml", ["generate.train_size=50"], env={}
+        )
+        print(result.summary["path"], result.seconds)
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str] | None = None,
+        *,
+        cwd: str | Path | None = None,
+        tail_lines: int = 200,
+        terminate_timeout_s: float = 10.0,
+    ) -> None:
+        self.command = list(command) if command else [sys.executable, "-m", "llmrl.cli"]
+        self.cwd = cwd
+        self.tail_lines = tail_lines
+        self.terminate_timeout_s = terminate_timeout_s
+
+    def run(
+        self,
+        stage: str,
+        config_path: str | Path | None,
+        overrides: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        name: str | None = None,
+    ) -> StageResult:
+        """Run the stage to completion; see :meth:`flows.launchers.base.Launcher.run`."""
+        name = name or stage
+        logger = stage_logger()
+        argv = [*self.command, *stage_arguments(stage, config_path, overrides)]
+        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        logger.info("%s: running %s", name, " ".join(argv))
+        stdout: deque[str] = deque(maxlen=self.tail_lines)
+        stderr: deque[str] = deque(maxlen=self.tail_lines)
+        start = time.monotonic()
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            env=child_env,
+            cwd=self.cwd,
+            start_new_session=True,  # its own process group: cancellation ends all of it
+        )
+        readers = [
+            _start_reader(process.stdout, stdout, logger, name),
+            _start_reader(process.stderr, stderr, logger, name),
+        ]
+        try:
+            code = process.wait()
+            for reader in readers:
+                reader.join()
+        except BaseException:
+            logger.warning("%s: cancelled; terminating its process group", name)
+            self._terminate(process)
+            raise
+        seconds = time.monotonic() - start
+        if code != 0:
+            raise _failure(name, code, list(stderr))
+        summary = parse_summary(stage, list(stdout))
+        logger.info("%s: finished in %.1f s", name, seconds)
+        return StageResult(summary=summary, stdout_tail=tail_text(stdout), seconds=seconds)
+
+    def _terminate(self, process: subprocess.Popen[str]) -> None:
+        """SIGTERM the child's process group, then SIGKILL it if it is still there."""
+        for sig, timeout in ((signal.SIGTERM, self.terminate_timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=timeout)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _start_reader(
+    pipe: IO[str] | None, tail: deque[str], logger: Any, name: str
+) -> threading.Thread:
+    """A thread that logs each line of ``pipe`` and keeps the last ones in ``tail``."""
+
+    def read() -> None:
+        assert pipe is not None
+        with pipe:
+            for raw in pipe:
+                line = raw.rstrip("\r\n")
+                tail.append(line)
+                if line.strip():
+                    logger.info("[%s] %s", name, line)
+
+    thread = threading.Thread(target=read, name=f"{name}-output", daemon=True)
+    thread.start()
+    return thread
+
+
+def _failure(name: str, code: int, stderr: list[str]) -> Exception:
+    """The error for a non-zero exit: config error, transient failure, or plain failure."""
+    tail = tail_text(stderr) or "(nothing on stderr)"
+    if code == CONFIG_ERROR_EXIT_CODE:
+        return StageConfigError(name, f"bad config or data (exit code 2):\n{tail}")
+    if code < 0:
+        try:
+            what: object = signal.Signals(-code).name
+        except ValueError:
+            what = -code
+        hint = " (out of memory?)" if code == -signal.SIGKILL else ""
+        return StageFailedError(name, f"killed by signal {what}{hint}:\n{tail}")
+    if TRANSIENT_PATTERNS.search(tail):
+        return TransientStageError(name, f"exit code {code}, a service was unreachable:\n{tail}")
+    return StageFailedError(name, f"failed with exit code {code}:\n{tail}")

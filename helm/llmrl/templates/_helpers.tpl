@@ -1,0 +1,264 @@
+{{/*
+Names, labels, security contexts, quantities and the topology guard shared by every template.
+*/}}
+
+{{- define "llmrl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "llmrl.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "llmrl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "mlflow"). */}}
+{{- define "llmrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "llmrl.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Standard labels; call with (dict "ctx" $ "component" "mlflow"). */}}
+{{- define "llmrl.labels" -}}
+{{ include "llmrl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: llmrl
+helm.sh/chart: {{ include "llmrl.chart" .ctx }}
+{{- end }}
+
+{{- define "llmrl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "llmrl.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name: name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "llmrl.claimName" -}}
+{{- default (printf "%s-shared" (include "llmrl.fullname" .)) .Values.storage.existingClaim }}
+{{- end }}
+
+{{- define "llmrl.rayClusterName" -}}
+{{- printf "%s-ray" (include "llmrl.fullname" .) | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "llmrl.configMapName" -}}
+{{- printf "%s-topology" (include "llmrl.fullname" .) }}
+{{- end }}
+
+{{/* repository:tag of an image spec; call with (dict "ctx" $ "image" .Values.image). */}}
+{{- define "llmrl.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{- define "llmrl.prefectApiUrl" -}}
+{{- if .Values.prefect.apiUrl }}
+{{- .Values.prefect.apiUrl }}
+{{- else if .Values.prefect.server.enabled }}
+{{- printf "http://%s-prefect-server.%s.svc:%d/api" (include "llmrl.fullname" .) .Release.Namespace (int .Values.prefect.server.port) }}
+{{- else }}
+{{- fail "prefect.apiUrl: set the Prefect API URL, or enable the in-chart server with prefect.server.enabled=true" }}
+{{- end }}
+{{- end }}
+
+{{- define "llmrl.mlflowUri" -}}
+{{- if .Values.mlflow.enabled }}
+{{- printf "http://%s-mlflow.%s.svc:%d" (include "llmrl.fullname" .) .Release.Namespace (int .Values.mlflow.port) }}
+{{- else }}
+{{- required "mlflow.externalUri: the tracking URI of an external MLflow server is required when mlflow.enabled is false" .Values.mlflow.externalUri }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level security context of every pod. */}}
+{{- define "llmrl.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ int .Values.podSecurity.runAsUser }}
+runAsGroup: {{ int .Values.podSecurity.runAsGroup }}
+fsGroup: {{ int .Values.podSecurity.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Container security context of every container (read-only root; /tmp is an emptyDir). */}}
+{{- define "llmrl.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ int .Values.podSecurity.runAsUser }}
+runAsGroup: {{ int .Values.podSecurity.runAsGroup }}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* CPU cores (float) as a millicore quantity, e.g. 0.5 -> 500m. */}}
+{{- define "llmrl.cpu" -}}
+{{- printf "%dm" (int (floor (mulf . 1000.0))) }}
+{{- end }}
+
+{{/* GiB (float) as a MiB quantity, e.g. 2.5 -> 2560Mi. */}}
+{{- define "llmrl.memory" -}}
+{{- printf "%dMi" (int (floor (mulf . 1024.0))) }}
+{{- end }}
+
+{{/* GPUs of one inference engine: gpus_per_engine, or derived from the backend. */}}
+{{- define "llmrl.engineGpus" -}}
+{{- $inference := .Values.topology.inference }}
+{{- if not (kindIs "invalid" $inference.gpus_per_engine) }}
+{{- int $inference.gpus_per_engine }}
+{{- else if eq $inference.backend "vllm" }}
+{{- int $inference.tensor_parallel_size }}
+{{- else }}
+{{- 0 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The topology's cross-field rules (llmrl.topology.Topology), so a topology that the schema
+cannot judge (or one installed with --skip-schema-validation) fails with the same messages.
+*/}}
+{{- define "llmrl.validateTopology" -}}
+{{- $t := .Values.topology }}
+{{- $inf := $t.inference }}
+{{- $tp := int $inf.tensor_parallel_size }}
+{{- $engines := int $inf.engines }}
+{{- $gpus := int (include "llmrl.engineGpus" .) }}
+{{- if eq $inf.backend "transformers" }}
+{{- if ne $tp 1 }}
+{{- fail (printf "topology.inference.tensor_parallel_size: the transformers backend runs each engine as one CPU process and cannot shard it; must be 1 (got %d)" $tp) }}
+{{- end }}
+{{- if ne $gpus 0 }}
+{{- fail (printf "topology.inference.gpus_per_engine: the transformers backend runs on CPU; must be 0 (got %d)" $gpus) }}
+{{- end }}
+{{- else if ne $gpus $tp }}
+{{- fail (printf "topology.inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; must equal topology.inference.tensor_parallel_size (%d), got %d" $tp $gpus) }}
+{{- end }}
+{{- $trainerGpus := int $t.trainer.gpus }}
+{{- if and (eq $t.trainer.strategy "single") (gt $trainerGpus 1) }}
+{{- fail (printf "topology.trainer.gpus: strategy 'single' trains in one process on at most 1 GPU (got %d); use strategy 'ddp' or 'fsdp' for more" $trainerGpus) }}
+{{- end }}
+{{- if and (has $t.trainer.strategy (list "ddp" "fsdp")) (lt $trainerGpus 2) }}
+{{- fail (printf "topology.trainer.gpus: strategy '%s' spreads training over several GPUs and needs at least 2 (got %d)" $t.trainer.strategy $trainerGpus) }}
+{{- end }}
+{{- $refGpus := int $t.reference.gpus }}
+{{- if and (eq $t.reference.placement "dedicated") (lt $refGpus 1) }}
+{{- fail "topology.reference.gpus: a dedicated reference model runs on its own GPUs; must be > 0" }}
+{{- end }}
+{{- if and (ne $t.reference.placement "dedicated") (gt $refGpus 0) }}
+{{- fail (printf "topology.reference.gpus: only a dedicated reference has GPUs of its own; must be 0 for placement '%s' (got %d)" $t.reference.placement $refGpus) }}
+{{- end }}
+{{- if $t.colocated }}
+{{- if ne $inf.backend "vllm" }}
+{{- fail (printf "topology.colocated: inference and training share GPUs, which needs the vllm backend (topology.inference.backend is '%s')" $inf.backend) }}
+{{- end }}
+{{- $needed := mul $engines $tp }}
+{{- if ne $trainerGpus (int $needed) }}
+{{- fail (printf "topology.trainer.gpus: colocated inference and training share the same GPUs, so it must equal topology.inference.engines * topology.inference.tensor_parallel_size (%d x %d = %d), got %d" $engines $tp (int $needed) $trainerGpus) }}
+{{- end }}
+{{- if ge (float64 $inf.gpu_memory_utilization) 1.0 }}
+{{- fail "topology.inference.gpu_memory_utilization: colocated engines share their GPUs with the trainer; must be < 1 to leave it memory (e.g. 0.4)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod template of a Ray node. Call with a dict:
+  ctx: $, group: name, cpus: float, memoryGb: float, gpus: int,
+  scheduling: {nodeSelector, tolerations, affinity}, head: bool
+*/}}
+{{- define "llmrl.rayPodTemplate" -}}
+{{- $ctx := .ctx }}
+{{- $v := $ctx.Values }}
+{{- $cpu := include "llmrl.cpu" .cpus }}
+{{- $memory := include "llmrl.memory" .memoryGb -}}
+metadata:
+  labels:
+    {{- include "llmrl.labels" (dict "ctx" $ctx "component" "ray") | nindent 4 }}
+    llmrl.io/ray-group: {{ .group }}
+spec:
+  automountServiceAccountToken: false
+  securityContext:
+    {{- include "llmrl.podSecurityContext" $ctx | nindent 4 }}
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .scheduling.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .scheduling.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .scheduling.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: {{ ternary "ray-head" "ray-worker" .head }}
+      image: {{ include "llmrl.image" (dict "ctx" $ctx "image" $v.image) | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      {{- if .head }}
+      ports:
+        - {name: gcs-server, containerPort: 6379}
+        - {name: dashboard, containerPort: 8265}
+        - {name: client, containerPort: 10001}
+      {{- end }}
+      env:
+        - {name: HOME, value: /tmp}
+        - {name: XDG_CACHE_HOME, value: /tmp/.cache}
+        - {name: HF_HOME, value: {{ printf "%s/huggingface" $v.storage.mountPath | quote }}}
+        - {name: LLMRL_SHARED_DIR, value: {{ $v.storage.mountPath | quote }}}
+        - {name: LLMRL_TOPOLOGY, value: /etc/llmrl/topology.yaml}
+        - {name: LLMRL_RAY_GROUP, value: {{ .group | quote }}}
+        - {name: MLFLOW_TRACKING_URI, value: {{ include "llmrl.mlflowUri" $ctx | quote }}}
+      resources:
+        requests:
+          cpu: {{ $cpu }}
+          memory: {{ $memory }}
+          {{- if gt (int .gpus) 0 }}
+          nvidia.com/gpu: {{ int .gpus }}
+          {{- end }}
+        limits:
+          cpu: {{ $cpu }}
+          memory: {{ $memory }}
+          {{- if gt (int .gpus) 0 }}
+          nvidia.com/gpu: {{ int .gpus }}
+          {{- end }}
+      securityContext:
+        {{- include "llmrl.containerSecurityContext" $ctx | nindent 8 }}
+      volumeMounts:
+        - {name: tmp, mountPath: /tmp}
+        - {name: dshm, mountPath: /dev/shm}
+        - {name: shared, mountPath: {{ $v.storage.mountPath | quote }}}
+        - {name: topology, mountPath: /etc/llmrl, readOnly: true}
+  volumes:
+    - name: tmp
+      emptyDir: {}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ include "llmrl.memory" (mulf .memoryGb $v.rayCluster.shmFraction) }}
+    - name: shared
+      persistentVolumeClaim:
+        claimName: {{ include "llmrl.claimName" $ctx }}
+    - name: topology
+      configMap:
+        name: {{ include "llmrl.configMapName" $ctx }}
+{{- end }}

@@ -1,0 +1,41 @@
+"""Collectors: run policies in envs and hand the trainer batches of finished trajectories.
+
+- :class:`LLMCollector`: one env and one policy in this process;
+- :class:`RayLLMCollector`: env workers and inference actors on Ray (the ``local`` extra);
+- weight updaters (:class:`WeightUpdater` and its implementations) push trainer weights to the
+  inference policies.
+
+Importing this package does not import Ray (or vLLM): they are imported when first used.
+"""
+
+from llmrl.collectors.llm_collector import (
+    BatchAssembler,
+    CollectorBase,
+    LLMCollector,
+    StepResult,
+    TrajectoryRunner,
+)
+from llmrl.collectors.ray_collector import EnvWorker, InferenceActor, RayLLMCollector
+from llmrl.collectors.weight_sync import (
+    InProcessWeightUpdater,
+    RayObjectStoreWeightUpdater,
+    VLLMNCCLWeightUpdater,
+    WeightSyncStats,
+    WeightUpdater,
+)
+
+__all__ = [
+    "BatchAssembler",
+    "CollectorBase",
+    "EnvWorker",
+    "InProcessWeightUpdater",
+    "InferenceActor",
+    "LLMCollector",
+    "RayLLMCollector",
+    "RayObjectStoreWeightUpdater",
+    "StepResult",
+    "TrajectoryRunner",
+    "VLLMNCCLWeightUpdater",
+    "WeightSyncStats",
+    "WeightUpdater",
+]

@@ -1,0 +1,370 @@
+"""`RayLLMCollector`: the :class:`~llmrl.collectors.LLMCollector` loop over Ray actors.
+
+Who calls whom:
+
+- the **driver** (this process, the trainer) owns the :class:`RayLLMCollector`. To fill a
+  batch it asks every env worker for its share of the missing transitions
+  (``worker.collect.remote(n)``) and waits for all answers (``ray.get``): a pull model, with no
+  collection running while the trainer trains, so a weight update applies to everything
+  collected after it;
+- each **env worker** (:class:`EnvWorker` actor) owns an env built by
+  ``env_factory(worker_index)`` and runs the single-process loop
+  (:class:`~llmrl.collectors.llm_collector.TrajectoryRunner`): reset, a remote policy call,
+  ``env.step`` locally, until its trajectories finished at least ``n`` transitions, which it
+  returns (trajectories in progress stay with it for the next call);
+- each **inference actor** (:class:`InferenceActor`) owns a policy built by
+  ``policy_factory()`` and serves ``generate(state)``. It is a threaded actor
+  (``max_concurrency`` = its workers + 1), so concurrent worker calls reach the policy
+  together and its request batching (``min_batch_size`` / ``max_batch_size``) serves them in
+  one model call. It stamps ``policy_version``: the version of the weights that replied.
+
+Weights go from the driver to the inference actors through a
+:class:`~llmrl.collectors.weight_sync.WeightUpdater` (default: the Ray object store).
+Resources are fractional CPUs by default, so an inference actor and two env workers fit a
+2-CPU machine; give ``inference_gpus=1`` on a GPU machine.
+
+Example:
+    >>> collector = RayLLMCollector(
+    ...     partial(make_env, seed=0), make_policy, num_env_workers=2,
+    ...     dialog_turns_per_batch=64, total_dialog_turns=6400)
+    >>> for batch in collector:
+    ...     train_on(batch)
+    ...     collector.update_policy_weights_(trainer_model)
+    >>> collector.shutdown()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from llmrl.collectors.llm_collector import (
+    CollectorBase,
+    Trajectory,
+    TrajectoryRunner,
+    find_version_transform,
+)
+from llmrl.collectors.weight_sync import RayObjectStoreWeightUpdater, import_ray
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
+
+    from llmrl.collectors.weight_sync import WeightUpdater
+    from llmrl.data.replay import ReplayBuffer
+    from llmrl.envs.chat_env import ChatEnv
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceActor:
+    """Hosts one policy and serves it to env workers (run as a Ray actor).
+
+    ``generate`` and ``score`` may run concurrently (the policy's request batching groups
+    them); loading weights waits for calls in progress and holds new ones back meanwhile.
+
+    Args:
+        policy_factory: a picklable callable building the policy in the actor.
+        version_key: where ``generate`` writes the policy version; None writes nothing.
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], Any],
+        version_key: str | None = "policy_version",
+    ) -> None:
+        self.policy = policy_factory()
+        self.version_key = version_key
+        self.version = 0
+        self.generate_calls = 0
+        self._scorer: Any = None
+        self._gate = threading.Condition()
+        self._active = 0
+        self._loading = False
+
+    def ready(self) -> bool:
+        """True once the policy is built (wait on it to surface construction errors)."""
+        return True
+
+    def generate(self, td: TensorDictBase) -> TensorDictBase:
+        """The policy's output for a state batch, with ``policy_version`` written."""
+        with self._serving():
+            out = self.policy(td)
+            version = self.version
+        with self._gate:
+            self.generate_calls += 1
+        if self.version_key is not None:
+            out.set(self.version_key, torch.full(out.batch_size, version, dtype=torch.long))
+        return out
+
+    def score(self, td: TensorDictBase) -> TensorDictBase:
+        """Log-probs of ``("history", "full")`` under the hosted weights (a scoring twin of the
+        policy, ``get_new_version(generate=False)``, without request batching)."""
+        if self._scorer is None:
+            self._scorer = self.policy.get_new_version(
+                generate=False, min_batch_size=None, max_batch_size=None
+            )
+        with self._serving():
+            return self._scorer(td)
+
+    def load_state_dict(
+        self, state_dict: dict[str, torch.Tensor], version: int | None = None
+    ) -> int:
+        """Load a trainer state dict into the policy: ``model.load_state_dict`` for a
+        transformers policy, ``load_weights`` for a vLLM one. Returns the new version."""
+        with self._exclusive():
+            if callable(getattr(self.policy, "load_weights", None)):
+                self.policy.load_weights(state_dict.items())
+            else:
+                with torch.no_grad():
+                    self.policy.model.load_state_dict(state_dict)
+            if version is not None:
+                self.version = int(version)
+        return self.version
+
+    def set_version(self, version: int) -> None:
+        """Record the version of weights loaded by other means (NCCL broadcasts)."""
+        self.version = int(version)
+
+    def info(self) -> dict[str, Any]:
+        """``version``, ``generate_calls`` served, and ``model_calls``: the batches the
+        policy's request batcher ran (fewer than calls when callers were served together;
+        None without request batching)."""
+        batcher = getattr(self.policy, "_batcher", None)
+        return {
+            "version": self.version,
+            "generate_calls": self.generate_calls,
+            "model_calls": None if batcher is None else batcher.batches_processed,
+        }
+
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        with self._gate:
+            self._gate.wait_for(lambda: not self._loading)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._active -= 1
+                self._gate.notify_all()
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        with self._gate:
+            self._gate.wait_for(lambda: not self._loading)
+            self._loading = True
+            self._gate.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._loading = False
+                self._gate.notify_all()
+
+
+class EnvWorker:
+    """Owns one env and steps it with a remote inference actor (run as a Ray actor).
+
+    Trajectory ids are ``worker_index + k * num_workers``: unique across workers.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[int], ChatEnv],
+        worker_index: int,
+        num_workers: int,
+        inference_actor: Any,
+        yield_completed_trajectories: bool = True,
+    ) -> None:
+        self.env = env_factory(worker_index)
+        self.worker_index = worker_index
+        self.inference_actor = inference_actor
+        self.by_trajectory = yield_completed_trajectories
+        self._version = find_version_transform(self.env)
+        self.runner = TrajectoryRunner(
+            self.env,
+            self._generate,
+            traj_id_start=worker_index,
+            traj_id_step=num_workers,
+            keep_trajectories=yield_completed_trajectories,
+        )
+
+    def collect(self, n_turns: int) -> tuple[list[Trajectory], dict[str, Any]]:
+        """Step until at least ``n_turns`` transitions are ready (finished trajectories, or
+        single transitions); returns them and ``{"turns", "trajectories", "exhausted"}``."""
+        units: list[Trajectory] = []
+        ready = turns = trajectories = 0
+        while ready < n_turns and not self._exhausted():
+            result = self.runner.step()
+            new = result.units(self.by_trajectory)
+            units.extend(new)
+            ready += sum(len(unit) for unit in new)
+            turns += len(result.transitions)
+            trajectories += len(result.finished)
+        info = {"turns": turns, "trajectories": trajectories, "exhausted": self._exhausted()}
+        return units, info
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.runner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.runner.load_state_dict(state)
+
+    def _exhausted(self) -> bool:
+        return self.runner.exhausted and not self.runner.in_flight
+
+    def _generate(self, state: TensorDictBase) -> TensorDictBase:
+        ray = import_ray("Env workers")
+        out = ray.get(self.inference_actor.generate.remote(state))
+        if self._version is not None and self._version.key in out.keys():  # noqa: SIM118
+            # the env's own PolicyVersion stamps what the inference actor reported
+            self._version.version = int(out.get(self._version.key).reshape(-1)[0])
+        return out
+
+
+class RayLLMCollector(CollectorBase):
+    """Collects with ``num_env_workers`` env actors and inference actors (see module doc).
+
+    Args:
+        env_factory: picklable ``env_factory(worker_index) -> ChatEnv`` (give workers
+            different seeds, or the same dataset order twice).
+        policy_factory: picklable ``policy_factory() -> policy``, called in each inference
+            actor.
+        num_env_workers: env worker actors.
+        dialog_turns_per_batch, total_dialog_turns, replay_buffer, yield_completed_trajectories:
+            as for :class:`~llmrl.collectors.LLMCollector`.
+        num_inference_actors: inference actors; worker ``i`` uses actor ``i % count``.
+        weight_updater: default a :class:`RayObjectStoreWeightUpdater` over the inference
+            actors.
+        track_policy_version: write ``policy_version`` into every transition.
+        env_worker_cpus, inference_cpus, inference_gpus: Ray resources of each actor.
+        runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
+
+    Ray is started (``ray.init()``) if it is not running. Call :meth:`shutdown` at the end.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[int], ChatEnv],
+        policy_factory: Callable[[], Any],
+        num_env_workers: int = 2,
+        *,
+        dialog_turns_per_batch: int,
+        total_dialog_turns: int = -1,
+        num_inference_actors: int = 1,
+        replay_buffer: ReplayBuffer | None = None,
+        weight_updater: WeightUpdater | None = None,
+        track_policy_version: bool = True,
+        yield_completed_trajectories: bool = True,
+        env_worker_cpus: float = 0.5,
+        inference_cpus: float = 0.5,
+        inference_gpus: float = 0.0,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
+        if num_env_workers < 1 or num_inference_actors < 1:
+            raise ValueError(
+                f"num_env_workers and num_inference_actors must be >= 1, got "
+                f"{num_env_workers} and {num_inference_actors}"
+            )
+        super().__init__(
+            dialog_turns_per_batch,
+            total_dialog_turns,
+            replay_buffer,
+            weight_updater,
+            yield_completed_trajectories,
+        )
+        ray = import_ray("RayLLMCollector")
+        if not ray.is_initialized():
+            ray.init()
+        options: dict[str, Any] = {} if runtime_env is None else {"runtime_env": runtime_env}
+        per_actor = math.ceil(num_env_workers / num_inference_actors)
+        self.inference_actors = [
+            ray.remote(InferenceActor)
+            .options(
+                num_cpus=inference_cpus,
+                num_gpus=inference_gpus,
+                max_concurrency=per_actor + 1,  # its workers, and a weight load
+                **options,
+            )
+            .remote(policy_factory, "policy_version" if track_policy_version else None)
+            for _ in range(num_inference_actors)
+        ]
+        self.env_workers = [
+            ray.remote(EnvWorker)
+            .options(num_cpus=env_worker_cpus, **options)
+            .remote(
+                env_factory,
+                index,
+                num_env_workers,
+                self.inference_actors[index % num_inference_actors],
+                yield_completed_trajectories,
+            )
+            for index in range(num_env_workers)
+        ]
+        ray.get([actor.ready.remote() for actor in self.inference_actors])
+        if self.weight_updater is None:
+            self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
+        self._worker_done = [False] * num_env_workers
+
+    def _collect_more(self) -> None:
+        ray = import_ray("RayLLMCollector")
+        live = [i for i, done in enumerate(self._worker_done) if not done]
+        missing = self.dialog_turns_per_batch - self._assembler.pending_turns
+        share = max(1, math.ceil(missing / len(live)))
+        answers = ray.get([self.env_workers[i].collect.remote(share) for i in live])
+        for index, (units, info) in zip(live, answers, strict=True):
+            self._record(units, info["turns"], info["trajectories"])
+            self._worker_done[index] = bool(info["exhausted"])
+
+    def _exhausted(self) -> bool:
+        return all(self._worker_done)
+
+    def update_policy_weights_(self, weights: Any = None) -> Any:
+        """Push ``weights`` to the inference actors and advance the version (see
+        :meth:`LLMCollector.update_policy_weights_`); the actors stamp the new version."""
+        stats = super().update_policy_weights_(weights)
+        ray = import_ray("RayLLMCollector")
+        ray.get([a.set_version.remote(self.policy_version) for a in self.inference_actors])
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, policy version and every worker's state (next ids, dataset position)."""
+        ray = import_ray("RayLLMCollector")
+        workers = ray.get([worker.state_dict.remote() for worker in self.env_workers])
+        return {
+            "stats": dict(self.stats),
+            "policy_version": self.policy_version,
+            "workers": workers,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` on the same number of workers."""
+        ray = import_ray("RayLLMCollector")
+        if len(state["workers"]) != len(self.env_workers):
+            raise ValueError(
+                f"state has {len(state['workers'])} workers, this collector {len(self.env_workers)}"
+            )
+        self.stats = dict(state["stats"])
+        self._set_version(int(state["policy_version"]))
+        ray.get([a.set_version.remote(self.policy_version) for a in self.inference_actors])
+        ray.get(
+            [
+                worker.load_state_dict.remote(worker_state)
+                for worker, worker_state in zip(self.env_workers, state["workers"], strict=True)
+            ]
+        )
+        self._worker_done = [False] * len(self.env_workers)
+        self._drop_pending()
+
+    def shutdown(self) -> None:
+        """Kill the env workers and inference actors (Ray itself keeps running)."""
+        ray = import_ray("RayLLMCollector")
+        for actor in [*self.env_workers, *self.inference_actors]:
+            ray.kill(actor)
+        self.env_workers, self.inference_actors = [], []

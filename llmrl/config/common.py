@@ -1,0 +1,130 @@
+"""Config sections shared by the training stages: model, data, optimizer, LoRA, checkpoints,
+tracking and generation. Each stage's config composes them (see ``sft.py``, ``grpo.py``,
+``evaluate.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from llmrl.config.loading import ConfigModel
+
+
+class ModelConfig(ConfigModel):
+    """Which model to start from and where it runs."""
+
+    name: str = Field(
+        "smollm2-135m-instruct",
+        description="model spec: a known name, a local directory, a .gguf file or a hub id",
+    )
+    checkpoint: str | None = Field(
+        None, description="start from this checkpoint's model/ directory instead of `name`"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights dtype (float32 on CPU)"
+    )
+    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, ...")
+
+    @property
+    def spec(self) -> str:
+        """What to load: the checkpoint when given, else the model name."""
+        return self.checkpoint or self.name
+
+
+class DataConfig(ConfigModel):
+    """A prepared dataset (the output directory of ``llmrl prepare``)."""
+
+    path: str = Field(description="directory written by `llmrl prepare` (holds manifest.json)")
+    max_train_rows: int | None = Field(None, ge=1, description="use at most this many train rows")
+    max_eval_rows: int | None = Field(None, ge=1, description="use at most this many eval rows")
+
+
+class OptimizerConfig(ConfigModel):
+    """AdamW with warmup and a decay schedule."""
+
+    lr: float = Field(1e-5, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr over these steps")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "cosine", description="decay after warmup, down to min_lr_ratio * lr at the last step"
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of lr")
+
+
+class LoraSettings(ConfigModel):
+    """Optional LoRA adapters (peft); checkpoints hold the merged model."""
+
+    enabled: bool = Field(False, description="train LoRA adapters instead of all weights")
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="adapter scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="names of the linear layers that get adapters",
+    )
+
+
+class CheckpointConfig(ConfigModel):
+    """Where and how often checkpoints are written, and how a run resumes."""
+
+    dir: str = Field("runs/checkpoints", description="checkpoint directory of this stage")
+    every: int = Field(50, ge=1, description="save every this many steps (and at the end)")
+    keep_last: int = Field(2, ge=1, description="keep this many newest checkpoints")
+    best_metric: str | None = Field(None, description="also keep the best checkpoint by this")
+    best_mode: Literal["max", "min"] = Field("max", description="whether higher is better")
+    resume: Literal["auto", "never"] = Field(
+        "auto", description="auto: continue from the newest complete checkpoint in `dir`"
+    )
+
+
+class TrackingConfig(ConfigModel):
+    """MLflow tracking of this stage."""
+
+    enabled: bool = Field(True, description="log to MLflow")
+    experiment: str = Field("llmrl", description="MLflow experiment name")
+    tracking_uri: str | None = Field(
+        None, description="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)"
+    )
+    parent_run_id: str | None = Field(
+        None, description="nest this stage's run under this run (default: $MLFLOW_PARENT_RUN_ID)"
+    )
+    run_name: str | None = Field(None, description="MLflow run name (default: the stage name)")
+    log_samples_every: int = Field(
+        10, ge=1, description="log a table of sample generations every this many steps"
+    )
+
+
+class GenerationSettings(ConfigModel):
+    """Sampling settings (see llmrl.policies.GenerationKwargs)."""
+
+    max_new_tokens: int = Field(128, ge=1, description="response length limit in tokens")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
+
+    def as_kwargs(self, **extra: Any) -> dict[str, Any]:
+        """Keyword arguments for a policy's ``generate_kwargs``."""
+        kwargs = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature}
+        kwargs.update(top_p=self.top_p, **({"top_k": self.top_k} if self.top_k else {}))
+        return {**kwargs, **extra}
+
+
+class StageConfig(ConfigModel):
+    """Fields every training stage has."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the model")
+    data: DataConfig = Field(description="the prepared dataset")
+    seed: int = Field(0, description="seed for torch, sampling and data order")
+    output_dir: str = Field("runs/stage", description="where the stage writes its outputs")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow")
+    progress: bool = Field(True, description="show a progress bar")
+
+    @model_validator(mode="after")
+    def _checkpoint_dir_under_output(self) -> StageConfig:
+        checkpoint = getattr(self, "checkpoint", None)
+        if checkpoint is not None and "dir" not in checkpoint.model_fields_set:
+            checkpoint.dir = f"{self.output_dir}/checkpoints"
+        return self

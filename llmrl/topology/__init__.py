@@ -1,0 +1,30 @@
+"""Cluster topology: the roles of a run, their resources, and their placement on Ray.
+
+:class:`Topology` is the single description of which GPUs, CPUs and memory the inference
+engines, the trainer, the reference model and the environment workers get. The Helm chart in
+``helm/llmrl`` renders it into a KubeRay ``RayCluster``; :func:`place_on_ray` reserves it as Ray
+placement groups (Ray is imported only when called).
+"""
+
+from llmrl.topology.placement import Placement, PlacementError, RoleGroup, place_on_ray
+from llmrl.topology.spec import (
+    EnvWorkerSpec,
+    InferenceSpec,
+    ReferenceSpec,
+    SchedulingSpec,
+    Topology,
+    TrainerSpec,
+)
+
+__all__ = [
+    "EnvWorkerSpec",
+    "InferenceSpec",
+    "Placement",
+    "PlacementError",
+    "ReferenceSpec",
+    "RoleGroup",
+    "SchedulingSpec",
+    "Topology",
+    "TrainerSpec",
+    "place_on_ray",
+]

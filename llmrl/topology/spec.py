@@ -1,0 +1,404 @@
+"""The cluster topology of a post-training run: who gets which GPUs, CPUs and memory.
+
+A :class:`Topology` describes four roles: the inference engines that generate rollouts, the
+trainer, the reference model (for the KL penalty) and the CPU environment workers that score
+rollouts. It is the one description both deployments read: the Helm chart renders it into a
+KubeRay ``RayCluster`` (one worker group per role) and :func:`llmrl.topology.place_on_ray`
+turns it into Ray placement groups. Every cross-field rule lives in
+:meth:`Topology._consistent`, and each error line starts with the dotted field it is about, so
+:func:`llmrl.config.loading.load_config` reports ``<file>: <field>: <message>``.
+
+The simple rules (a transformers engine has no tensor parallelism, ``single`` training uses at
+most one GPU, ...) are also written into the JSON schema as ``if``/``then`` clauses, so Helm's
+``values.schema.json`` rejects them before any template renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from llmrl.config.loading import ConfigModel
+
+Backend = Literal["vllm", "transformers"]
+Strategy = Literal["single", "ddp", "fsdp"]
+ReferencePlacement = Literal["with_trainer", "dedicated", "none"]
+
+MULTI_GPU_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
+"""Training strategies that spread one model over several GPUs (need >= 2)."""
+
+
+class SchedulingSpec(ConfigModel):
+    """Kubernetes scheduling constraints of one role's pods, passed through unchanged.
+
+    The keys inside ``tolerations`` and ``affinity`` are Kubernetes' own (camelCase), as in a
+    pod spec.
+
+    Example::
+
+        SchedulingSpec(
+            node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        )
+    """
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="the pods' nodeSelector (node label -> value)"
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="the pods' tolerations, as in a Kubernetes pod spec"
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict, description="the pods' affinity, as in a Kubernetes pod spec"
+    )
+
+
+def _scheduling_field() -> Any:
+    return Field(
+        default_factory=SchedulingSpec,
+        description="node selector, tolerations and affinity of this role's pods",
+    )
+
+
+class InferenceSpec(ConfigModel):
+    """The rollout engines: how many, how each is sharded, and what each one needs.
+
+    ``gpus_per_engine`` may be left out (null): :attr:`engine_gpus` then derives it from the
+    backend (the tensor-parallel size for vllm, 0 for the CPU transformers backend); when given,
+    it must agree with the backend.
+
+    Example::
+
+        InferenceSpec(backend="vllm", engines=4, tensor_parallel_size=2)
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"backend": {"const": "transformers"}},
+                        "required": ["backend"],
+                    },
+                    "then": {
+                        "properties": {
+                            "tensor_parallel_size": {"const": 1},
+                            "gpus_per_engine": {"enum": [0, None]},
+                        }
+                    },
+                }
+            ]
+        }
+    )
+
+    backend: Backend = Field(
+        "vllm",
+        description=(
+            "'vllm' (GPU engines, one GPU per tensor-parallel rank) or 'transformers' (one CPU "
+            "process per engine, for development clusters without GPUs)"
+        ),
+    )
+    engines: int = Field(1, ge=1, description="number of independent inference engines")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs each vllm engine shards its model over (1 for transformers)"
+    )
+    gpus_per_engine: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "GPUs each engine's pod requests; derived when left out (tensor_parallel_size for "
+            "vllm, 0 for transformers) and must agree with the backend when given"
+        ),
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="share of each GPU's memory vllm may take (lower it when colocated)",
+    )
+    cpus_per_engine: float = Field(4.0, gt=0, description="CPU cores of each engine")
+    memory_gb: float = Field(32.0, gt=0, description="memory of each engine's pod, in GiB")
+    scheduling: SchedulingSpec = _scheduling_field()
+
+    @property
+    def engine_gpus(self) -> int:
+        """GPUs of each engine: ``gpus_per_engine``, or derived from the backend when unset."""
+        if self.gpus_per_engine is not None:
+            return self.gpus_per_engine
+        return self.tensor_parallel_size if self.backend == "vllm" else 0
+
+
+class TrainerSpec(ConfigModel):
+    """The policy trainer: its GPUs, its parallel strategy and its pod's CPUs and memory.
+
+    Example::
+
+        TrainerSpec(gpus=8, strategy="fsdp", cpus=32, memory_gb=512)
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"strategy": {"const": "single"}}},
+                    "then": {"properties": {"gpus": {"maximum": 1}}},
+                },
+                {
+                    "if": {
+                        "properties": {"strategy": {"enum": list(MULTI_GPU_STRATEGIES)}},
+                        "required": ["strategy"],
+                    },
+                    "then": {"required": ["gpus"], "properties": {"gpus": {"minimum": 2}}},
+                },
+            ]
+        }
+    )
+
+    gpus: int = Field(1, ge=0, description="GPUs of the trainer (0 trains on CPU)")
+    strategy: Strategy = Field(
+        "single",
+        description=(
+            "'single' (one process, at most 1 GPU), 'ddp' (data parallel) or 'fsdp' (sharded); "
+            "ddp and fsdp need at least 2 GPUs"
+        ),
+    )
+    cpus: float = Field(8.0, gt=0, description="CPU cores of the trainer's pod")
+    memory_gb: float = Field(64.0, gt=0, description="memory of the trainer's pod, in GiB")
+    scheduling: SchedulingSpec = _scheduling_field()
+
+
+class ReferenceSpec(ConfigModel):
+    """Where the frozen reference model (for the KL penalty) runs.
+
+    ``with_trainer`` keeps it in the trainer's process and GPUs, ``dedicated`` gives it its own
+    GPUs (``gpus`` > 0), ``none`` runs without a reference model (no KL penalty).
+
+    Example::
+
+        ReferenceSpec(placement="dedicated", gpus=1)
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {
+                        "properties": {"placement": {"const": "dedicated"}},
+                        "required": ["placement"],
+                    },
+                    "then": {"required": ["gpus"], "properties": {"gpus": {"minimum": 1}}},
+                    "else": {"properties": {"gpus": {"const": 0}}},
+                }
+            ]
+        }
+    )
+
+    placement: ReferencePlacement = Field(
+        "with_trainer",
+        description="'with_trainer' (shares the trainer), 'dedicated' (own GPUs) or 'none'",
+    )
+    gpus: int = Field(0, ge=0, description="GPUs of a dedicated reference (0 otherwise)")
+    cpus: float = Field(4.0, gt=0, description="CPU cores of a dedicated reference's pod")
+    memory_gb: float = Field(32.0, gt=0, description="memory of a dedicated reference, in GiB")
+    scheduling: SchedulingSpec = _scheduling_field()
+
+
+class EnvWorkerSpec(ConfigModel):
+    """The CPU workers that run environments and reward functions (one pod each on Kubernetes).
+
+    Example::
+
+        EnvWorkerSpec(count=8, cpus_each=2, memory_gb=4)
+    """
+
+    count: int = Field(4, ge=0, description="number of environment workers")
+    cpus_each: float = Field(1.0, gt=0, description="CPU cores of each environment worker")
+    memory_gb: float = Field(2.0, gt=0, description="memory of each environment worker, in GiB")
+    scheduling: SchedulingSpec = _scheduling_field()
+
+
+class Topology(ConfigModel):
+    """How a run's roles map onto GPUs, CPUs and pods; the Helm chart's ``topology`` section.
+
+    ``colocated`` runs the inference engines and the trainer on the same GPUs (vllm sleeps
+    while the trainer steps), so the trainer's GPUs must be exactly the engines' GPUs.
+
+    Example::
+
+        Topology(
+            inference=InferenceSpec(engines=4, tensor_parallel_size=2),
+            trainer=TrainerSpec(gpus=8, strategy="fsdp"),
+        )
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"colocated": {"const": True}}, "required": ["colocated"]},
+                    "then": {
+                        "properties": {"inference": {"properties": {"backend": {"const": "vllm"}}}}
+                    },
+                }
+            ]
+        }
+    )
+
+    inference: InferenceSpec = Field(
+        default_factory=InferenceSpec, description="the rollout engines"
+    )
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="the policy trainer")
+    reference: ReferenceSpec = Field(
+        default_factory=ReferenceSpec, description="where the reference model runs"
+    )
+    env_workers: EnvWorkerSpec = Field(
+        default_factory=EnvWorkerSpec, description="the CPU environment / reward workers"
+    )
+    colocated: bool = Field(
+        False,
+        description=(
+            "inference and training share the same GPUs; then trainer.gpus must equal "
+            "inference.engines * inference.tensor_parallel_size"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        problems = [*self._inference_problems(), *self._trainer_problems()]
+        problems += self._reference_problems()
+        problems += self._colocation_problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @classmethod
+    def local_default(cls) -> Topology:
+        """A CPU-only topology that fits a 2-core machine (``total_cpus == 2``, no GPUs).
+
+        One transformers engine, a single-process CPU trainer holding the reference model, and
+        two environment workers of half a core each.
+        """
+        return cls(
+            inference=InferenceSpec(
+                backend="transformers", engines=1, cpus_per_engine=0.5, memory_gb=2
+            ),
+            trainer=TrainerSpec(gpus=0, strategy="single", cpus=0.5, memory_gb=4),
+            reference=ReferenceSpec(placement="with_trainer"),
+            env_workers=EnvWorkerSpec(count=2, cpus_each=0.5, memory_gb=1),
+        )
+
+    @property
+    def inference_gpus(self) -> int:
+        """GPUs of all inference engines together."""
+        return self.inference.engines * self.inference.engine_gpus
+
+    @property
+    def reference_gpus(self) -> int:
+        """GPUs of a dedicated reference model (0 for the other placements)."""
+        return self.reference.gpus if self.reference.placement == "dedicated" else 0
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs the whole run needs; colocated engines reuse the trainer's GPUs."""
+        if self.colocated:
+            return self.trainer.gpus + self.reference_gpus
+        return self.inference_gpus + self.trainer.gpus + self.reference_gpus
+
+    @property
+    def total_cpus(self) -> float:
+        """CPU cores the whole run needs (engines, trainer, dedicated reference, env workers)."""
+        reference = self.reference.cpus if self.reference.placement == "dedicated" else 0.0
+        return (
+            self.inference.engines * self.inference.cpus_per_engine
+            + self.trainer.cpus
+            + reference
+            + self.env_workers.count * self.env_workers.cpus_each
+        )
+
+    @property
+    def total_memory_gb(self) -> float:
+        """Memory (GiB) of all the run's pods together."""
+        reference = self.reference.memory_gb if self.reference.placement == "dedicated" else 0.0
+        return (
+            self.inference.engines * self.inference.memory_gb
+            + self.trainer.memory_gb
+            + reference
+            + self.env_workers.count * self.env_workers.memory_gb
+        )
+
+    def _inference_problems(self) -> list[str]:
+        inference = self.inference
+        size, gpus = inference.tensor_parallel_size, inference.engine_gpus
+        if inference.backend == "transformers":
+            problems = []
+            if size != 1:
+                problems.append(
+                    "inference.tensor_parallel_size: the transformers backend runs each engine "
+                    f"as one CPU process and cannot shard it; must be 1 (got {size})"
+                )
+            if gpus:
+                problems.append(
+                    "inference.gpus_per_engine: the transformers backend runs on CPU; must be 0 "
+                    f"(got {gpus}); use backend 'vllm' for GPU engines"
+                )
+            return problems
+        if gpus != size:
+            return [
+                "inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; "
+                f"must equal inference.tensor_parallel_size ({size}), got {gpus}"
+            ]
+        return []
+
+    def _trainer_problems(self) -> list[str]:
+        strategy, gpus = self.trainer.strategy, self.trainer.gpus
+        if strategy == "single" and gpus > 1:
+            return [
+                f"trainer.gpus: strategy 'single' trains in one process on at most 1 GPU (got "
+                f"{gpus}); use strategy 'ddp' or 'fsdp' for more"
+            ]
+        if strategy in MULTI_GPU_STRATEGIES and gpus < 2:
+            return [
+                f"trainer.gpus: strategy '{strategy}' spreads training over several GPUs and "
+                f"needs at least 2 (got {gpus}); use strategy 'single' for 0 or 1 GPU"
+            ]
+        return []
+
+    def _reference_problems(self) -> list[str]:
+        placement, gpus = self.reference.placement, self.reference.gpus
+        if placement == "dedicated" and gpus < 1:
+            return [
+                "reference.gpus: a dedicated reference model runs on its own GPUs; must be > 0 "
+                f"(got {gpus}), or use placement 'with_trainer'"
+            ]
+        if placement != "dedicated" and gpus:
+            return [
+                f"reference.gpus: only a dedicated reference has GPUs of its own; must be 0 for "
+                f"placement '{placement}' (got {gpus})"
+            ]
+        return []
+
+    def _colocation_problems(self) -> list[str]:
+        if not self.colocated:
+            return []
+        inference = self.inference
+        if inference.backend != "vllm":
+            return [
+                "colocated: inference and training share GPUs, which needs the vllm backend "
+                f"(inference.backend is '{inference.backend}')"
+            ]
+        problems = []
+        needed = inference.engines * inference.tensor_parallel_size
+        if self.trainer.gpus != needed:
+            problems.append(
+                "trainer.gpus: colocated inference and training share the same GPUs, so it must "
+                "equal inference.engines * inference.tensor_parallel_size "
+                f"({inference.engines} x {inference.tensor_parallel_size} = {needed}), "
+                f"got {self.trainer.gpus}"
+            )
+        if inference.gpu_memory_utilization >= 1:
+            problems.append(
+                "inference.gpu_memory_utilization: colocated engines share their GPUs with the "
+                "trainer; must be < 1 to leave it memory (e.g. 0.4)"
+            )
+        return problems

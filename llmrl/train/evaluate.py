@@ -1,0 +1,163 @@
+"""The evaluation stage: greedy accuracy and pass@k of a model on a held-out split.
+
+Problems are asked exactly as during training (the task's instructions as system prompt, via a
+:class:`TaskEnv`), answers are scored by the task's parser, and every row's result is written to
+``results.jsonl`` next to a ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from llmrl.config.evaluate import EvalConfig
+from llmrl.data.non_tensor import as_list
+from llmrl.data.prepare import load_prepared
+from llmrl.envs.task_env import TaskEnv
+from llmrl.envs.tasks.base import Problem
+from llmrl.models import load_model, load_tokenizer
+from llmrl.policies import TransformersWrapper
+from llmrl.train.stage import prepared_task, stage_tracker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalReport:
+    """What an evaluation found."""
+
+    label: str
+    accuracy: float
+    pass_at: dict[int, float] = field(default_factory=dict)
+    num_problems: int = 0
+    seconds: float = 0.0
+    results_path: str = ""
+
+    def as_metrics(self) -> dict[str, float]:
+        metrics = {"accuracy": self.accuracy, "eval_seconds": self.seconds}
+        metrics.update({f"pass_at_{k}": v for k, v in self.pass_at.items()})
+        return metrics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples, ``c`` of them correct: ``1 - C(n-c, k) / C(n, k)``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _answer_all(
+    env: TaskEnv, policy: TransformersWrapper, samples: int, progress: bool, what: str
+) -> dict[str, list[tuple[bool, str]]]:
+    """Per problem id: (correct, response) of each of its ``samples`` answers."""
+    answers: dict[str, list[tuple[bool, str]]] = {}
+    bar = tqdm(total=len(env.problems) * samples, desc=what, disable=not progress, unit="ans")
+    while True:
+        try:
+            state = env.reset()
+        except StopIteration:
+            break
+        transition = env.step(policy(state))
+        responses = [str(r) for r in as_list(transition["text"].response)]
+        for pid, correct, response in zip(
+            as_list(transition["prompt_id"]), transition["correct"].tolist(), responses, strict=True
+        ):
+            answers.setdefault(pid, []).append((bool(correct), response))
+        bar.update(len(responses))
+    bar.close()
+    return answers
+
+
+def evaluate(config: EvalConfig) -> EvalReport:
+    """Run the evaluation stage described by ``config``."""
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    task, manifest = prepared_task(config.data.path)
+    _, problems = load_prepared(config.data.path)
+    problems = problems[: config.data.max_eval_rows]
+    if not problems:
+        raise ValueError(f"{config.data.path}: the eval split is empty; nothing to evaluate")
+    tokenizer = load_tokenizer(config.model.spec)
+    model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
+    logger.info("Evaluating %s on %d %s problems", config.model.spec, len(problems), task.name)
+
+    def env(repeats: int) -> TaskEnv:
+        return TaskEnv(task, problems, config.batch_size, repeats, shuffle=False, epochs=1)
+
+    greedy = TransformersWrapper(
+        model,
+        tokenizer,
+        generate_kwargs={"max_new_tokens": config.max_new_tokens, "do_sample": False},
+    )
+    with torch.no_grad():
+        greedy_answers = _answer_all(env(1), greedy, 1, config.progress, "eval greedy")
+        sampled: dict[str, list[tuple[bool, str]]] = {}
+        if config.num_samples:
+            sampler = TransformersWrapper(
+                model,
+                tokenizer,
+                generate_kwargs=config.sampling.as_kwargs(seed=config.seed),
+            )
+            sampled = _answer_all(
+                env(config.num_samples), sampler, config.num_samples, config.progress, "eval pass@k"
+            )
+    report = _summarise(config, problems, greedy_answers, sampled, time.perf_counter() - started)
+    _log(config, report, manifest)
+    return report
+
+
+def _summarise(
+    config: EvalConfig,
+    problems: list[Problem],
+    greedy: dict[str, list[tuple[bool, str]]],
+    sampled: dict[str, list[tuple[bool, str]]],
+    seconds: float,
+) -> EvalReport:
+    out_dir = Path(config.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for problem in problems:
+        correct, response = greedy[problem.id][0]
+        row = {"id": problem.id, "prompt": problem.prompt, "answer": problem.answer}
+        row.update(correct=correct, response=response)
+        if sampled:
+            row["sampled_correct"] = sum(c for c, _ in sampled[problem.id])
+        rows.append(row)
+    pass_at = {}
+    if sampled:
+        n = config.num_samples
+        for k in config.pass_at:
+            pass_at[k] = sum(pass_at_k(n, r["sampled_correct"], k) for r in rows) / len(rows)
+    accuracy = sum(r["correct"] for r in rows) / len(rows)
+    results = out_dir / "results.jsonl"
+    _write_atomic(results, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    report = EvalReport(config.label, accuracy, pass_at, len(rows), seconds, str(results))
+    summary = {**report.__dict__, "pass_at": {str(k): v for k, v in pass_at.items()}}
+    _write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
+    logger.info(
+        "%s: accuracy %.3f on %d problems (%.0f s)", config.label, accuracy, len(rows), seconds
+    )
+    return report
+
+
+def _log(config: EvalConfig, report: EvalReport, manifest: dict) -> None:
+    with stage_tracker("eval", config) as tracker:
+        tracker.log_params({"dataset.digest": manifest.get("digest"), "label": config.label})
+        tracker.log_metrics(report.as_metrics(), step=0)
+        rows = [json.loads(line) for line in Path(report.results_path).read_text().splitlines()]
+        tracker.log_table(rows[:200], name=f"eval_{config.label}", step=0)
+        tracker.log_artifact(report.results_path, "eval")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

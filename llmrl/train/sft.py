@@ -1,0 +1,235 @@
+"""The SFT stage: supervised fine-tuning on the prepared dataset's worked solutions.
+
+Each example is a chat (the task's instructions as system prompt, the problem, the target
+answer) and the loss is the NLL of the assistant tokens (content and end-of-turn). The loop:
+
+    for step in range(start, steps):
+        for each micro-batch: loss(batch) / grad_accum -> backward
+        clip, skip if not finite, optimizer + scheduler step
+        log; every eval_every: eval loss; every checkpoint.every: save
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+from tqdm import tqdm
+
+from llmrl.config.sft import SFTConfig
+from llmrl.data import ChatHistory, History
+from llmrl.data.prepare import load_prepared
+from llmrl.envs.tasks import Problem, Task
+from llmrl.models import load_model, load_tokenizer
+from llmrl.objectives import SFTLoss
+from llmrl.policies import TransformersWrapper
+from llmrl.train.checkpoint import CheckpointManager
+from llmrl.train.lora import apply_lora
+from llmrl.train.optim import build_optimizer
+from llmrl.train.stage import prepared_task, seed_everything, stage_tracker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    """Where the stage ended."""
+
+    step: int
+    final_checkpoint: str
+    train_loss: float
+    eval_loss: float | None
+    skipped_steps: int
+    seconds: float
+
+
+def chat_examples(problems: list[Problem], task: Task) -> list[list[dict]]:
+    """SFT chats: system (the task's answer format), user (the problem), assistant (target)."""
+    usable = [p for p in problems if p.sft_target]
+    if not usable:
+        raise ValueError("no problem has an sft_target: this dataset cannot be used for SFT")
+    return [
+        [
+            {"role": "system", "content": task.instructions},
+            {"role": "user", "content": p.prompt},
+            {"role": "assistant", "content": p.sft_target},
+        ]
+        for p in usable
+    ]
+
+
+class ChatBatches:
+    """Shuffled micro-batches of chats, a new order every epoch; resumable by position."""
+
+    def __init__(self, chats: list[list[dict]], batch_size: int, seed: int) -> None:
+        self.chats, self.batch_size, self.seed = chats, batch_size, seed
+        self.epoch, self.position = 0, 0
+        self._order = self._shuffled()
+
+    def _shuffled(self) -> list[int]:
+        order = list(range(len(self.chats)))
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)
+        return order
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        return self
+
+    def __next__(self) -> TensorDict:
+        picked = []
+        while len(picked) < self.batch_size:
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._shuffled()
+            picked.append(self.chats[self._order[self.position]])
+            self.position += 1
+        return as_batch(picked)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._shuffled()
+
+
+def as_batch(chats: list[list[dict]]) -> TensorDict:
+    """A scoring batch: ``("history", "full")`` holds the chats."""
+    history = History.from_chats(chats)
+    return TensorDict(
+        {"history": ChatHistory(full=history, batch_size=[len(chats)])}, batch_size=[len(chats)]
+    )
+
+
+def _fits(chats: list[list[dict]], tokenizer, max_length: int) -> list[list[dict]]:
+    lengths = [
+        len(ids)
+        for ids in History.from_chats(chats).apply_chat_template(tokenizer).as_list("input_ids")
+    ]
+    kept = [chat for chat, length in zip(chats, lengths, strict=True) if length <= max_length]
+    if len(kept) < len(chats):
+        logger.warning(
+            "dropped %d examples longer than %d tokens", len(chats) - len(kept), max_length
+        )
+    if not kept:
+        raise ValueError(f"every example is longer than max_length={max_length} tokens")
+    return kept
+
+
+def run_sft(config: SFTConfig) -> SFTResult:
+    """Run the SFT stage described by ``config``."""
+    started = time.perf_counter()
+    seed_everything(config.seed)
+    task, manifest = prepared_task(config.data.path)
+    train_rows, eval_rows = load_prepared(config.data.path)
+    tokenizer = load_tokenizer(config.model.spec)
+    train = _fits(
+        chat_examples(train_rows[: config.data.max_train_rows], task), tokenizer, config.max_length
+    )
+    evals = chat_examples(eval_rows[: config.data.max_eval_rows], task) if eval_rows else []
+
+    model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
+    model = apply_lora(model, config.lora)
+    model.eval()  # no dropout: the same numbers in training and sampling
+    actor = TransformersWrapper(model, tokenizer, generate=False, pad_output=True)
+    loss_fn = SFTLoss(
+        actor,
+        loss_function=config.loss_function,
+        normalize_by_seq_length=config.normalize_by_seq_length,
+    )
+    optimizer, scheduler = build_optimizer(model, config.optimizer, config.steps)
+    batches = ChatBatches(train, config.batch_size, config.seed)
+    checkpoints = CheckpointManager(
+        config.checkpoint.dir,
+        keep_last=config.checkpoint.keep_last,
+        best_metric=config.checkpoint.best_metric,
+        best_mode=config.checkpoint.best_mode,
+    )
+    state = (
+        checkpoints.resume(model, optimizer, scheduler)
+        if config.checkpoint.resume == "auto"
+        else None
+    )
+    start = state.step if state else 0
+    if state:
+        batches.load_state_dict(state.extra["batches"])
+        logger.info("resuming SFT from step %d (%s)", start, checkpoints.latest())
+    run_id = state.extra.get("mlflow_run_id") if state else None
+
+    skipped, train_loss, eval_loss = 0, math.nan, None
+    with stage_tracker("sft", config, run_id=run_id) as tracker:
+        tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
+        bar = tqdm(
+            range(start, config.steps),
+            desc="sft",
+            disable=not config.progress,
+            initial=start,
+            total=config.steps,
+        )
+        for step in bar:
+            step_started = time.perf_counter()
+            total = 0.0
+            for _ in range(config.grad_accum):
+                batch = next(batches)
+                out = loss_fn(batch)
+                (out.loss_sft / config.grad_accum).backward()
+                total += float(out.loss_sft) / config.grad_accum
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), config.optimizer.grad_clip
+            )
+            metrics = {
+                "loss": total,
+                "grad_norm": float(grad_norm),
+                "lr": scheduler.get_last_lr()[0],
+            }
+            if math.isfinite(total) and math.isfinite(float(grad_norm)):
+                optimizer.step()
+                train_loss = total
+            else:
+                skipped += 1
+                logger.warning("step %d: non-finite loss or gradient norm; skipped", step)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            done = step + 1
+            metrics.update(skipped_steps=skipped, step_seconds=time.perf_counter() - step_started)
+            if evals and (done % config.eval_every == 0 or done == config.steps):
+                eval_loss = _eval_loss(loss_fn, evals, config)
+                metrics["eval_loss"] = eval_loss
+            tracker.log_metrics(metrics, step=done)
+            bar.set_postfix(loss=f"{total:.3f}", eval=f"{eval_loss:.3f}" if eval_loss else "-")
+            if done % config.checkpoint.every == 0 or done == config.steps:
+                path = checkpoints.save(
+                    done,
+                    model,
+                    tokenizer,
+                    optimizer,
+                    scheduler,
+                    extra={"batches": batches.state_dict(), "mlflow_run_id": tracker.run_id},
+                    metrics={"eval_loss": eval_loss if eval_loss is not None else total},
+                )
+                tracker.log_checkpoint(path, done)
+        final = checkpoints.latest()
+    return SFTResult(
+        step=config.steps,
+        final_checkpoint=str(Path(final) / "model") if final else "",
+        train_loss=train_loss,
+        eval_loss=eval_loss,
+        skipped_steps=skipped,
+        seconds=time.perf_counter() - started,
+    )
+
+
+@torch.no_grad()
+def _eval_loss(loss_fn: SFTLoss, evals: list[list[dict]], config: SFTConfig) -> float:
+    losses = []
+    for start in range(
+        0, min(len(evals), config.eval_batches * config.batch_size), config.batch_size
+    ):
+        losses.append(float(loss_fn(as_batch(evals[start : start + config.batch_size])).loss_sft))
+    return sum(losses) / len(losses)

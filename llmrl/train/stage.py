@@ -1,0 +1,56 @@
+"""What every training stage sets up the same way: the task of a prepared dataset, seeding, and
+its MLflow tracker."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmrl.config.common import StageConfig
+from llmrl.envs.tasks import Task, make_task
+
+
+def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
+    """The task a prepared dataset was made for (with its generator options) and its manifest."""
+    manifest_path = Path(path) / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(
+            f"{path}: not a prepared dataset (no manifest.json); run `llmrl prepare` first"
+        )
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    generated = manifest.get("generated") or {}
+    return make_task(manifest["task"], **generated.get("options", {})), manifest
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's and torch's generators."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def stage_tracker(stage: str, config: StageConfig, run_id: str | None = None) -> Iterator[Any]:
+    """An MLflow :class:`~llmrl.tracking.Tracker` for ``stage``, started with the whole
+    resolved config as params; FAILED on exception, FINISHED otherwise. ``run_id`` continues
+    an existing run (resume)."""
+    from llmrl.tracking import Tracker
+
+    settings = config.tracking
+    tracker = Tracker(
+        stage,
+        experiment=settings.experiment,
+        tracking_uri=settings.tracking_uri,
+        run_name=settings.run_name or stage,
+        parent_run_id=settings.parent_run_id,
+        run_id=run_id,
+        enabled=settings.enabled,
+    )
+    with tracker:
+        tracker.log_params(config.model_dump(mode="json"))
+        yield tracker

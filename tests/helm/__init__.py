@@ -1,0 +1,1 @@
+"""Tests of the helm/llmrl chart, rendered offline with the real Helm engine."""

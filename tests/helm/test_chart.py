@@ -1,0 +1,527 @@
+"""The helm/llmrl chart, rendered and linted offline by the real Helm engine (helm-python-sdk).
+
+Every rendered object is validated: Kubernetes kinds against the bundled Kubernetes 1.30 schemas
+(kubernetes-validate, strict: unknown fields fail), the KubeRay RayCluster against
+``schemas/raycluster-ray.io-v1.json`` plus each of its pod templates as a PodTemplate.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from llmrl.topology import Topology
+from llmrl.topology.chart_values import ChartValues
+from tests.topology.test_spec import INVALID as SPEC_INVALID
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) renders the chart")
+
+pytestmark = pytest.mark.integration  # the real Helm engine renders and lints the chart
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "llmrl"
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+RAYCLUSTER_SCHEMA = json.loads(
+    (Path(__file__).parent / "schemas" / "raycluster-ray.io-v1.json").read_text()
+)
+K8S_VERSION = "1.30"
+NAMESPACE = "llmrl"
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    **{path.stem: yaml.safe_load(path.read_text()) for path in EXAMPLES},
+    "everything-on": {
+        "prefect": {
+            "apiUrl": "",
+            "server": {"enabled": True, "database": {"name": "prefect-db", "key": "url"}},
+            "worker": {"apiKey": {"name": "prefect-cloud", "key": "api-key"}},
+        },
+        "storage": {"existingClaim": "llmrl-shared"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "topology": {
+            "trainer": {"gpus": 2, "strategy": "ddp"},
+            "reference": {"placement": "dedicated", "gpus": 1},
+        },
+    },
+    "external-mlflow": {"mlflow": {"enabled": False, "externalUri": "https://mlflow.example.com"}},
+}
+
+
+@pytest.fixture(scope="module")
+def chart():
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart, values: dict[str, Any]) -> dict[str, str]:
+    return chart.render(values, name="llmrl", namespace=NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def rendered(chart):
+    """The parsed objects of each value set, rendered once per module (do not mutate)."""
+    cache: dict[str, list[dict[str, Any]]] = {}
+
+    def get(name: str) -> list[dict[str, Any]]:
+        if name not in cache:
+            cache[name] = objects(render(chart, VALUE_SETS[name]))
+        return cache[name]
+
+    return get
+
+
+def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
+    """Every Kubernetes object of a render (NOTES.txt and empty documents left out)."""
+    found = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith(".yaml"):
+            found += [doc for doc in yaml.safe_load_all(text) if doc]
+    return found
+
+
+def of_kind(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [item for item in items if item["kind"] == kind]
+
+
+def pod_specs(item: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) of each pod an object creates."""
+    if item["kind"] == "Deployment":
+        yield item["metadata"]["name"], item["spec"]["template"]["spec"]
+    elif item["kind"] == "RayCluster":
+        yield "head", item["spec"]["headGroupSpec"]["template"]["spec"]
+        for group in item["spec"].get("workerGroupSpecs", []):
+            yield group["groupName"], group["template"]["spec"]
+
+
+def merged_values(chart, values: dict[str, Any]) -> ChartValues:
+    return ChartValues.model_validate(chart.merge_values(values))
+
+
+def worker_groups(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (cluster,) = of_kind(items, "RayCluster")
+    return {group["groupName"]: group for group in cluster["spec"]["workerGroupSpecs"]}
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_is_clean(name):
+    report = helm.lint(CHART, VALUE_SETS[name], namespace=NAMESPACE, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_every_object_validates(name, rendered):
+    items = rendered(name)
+    kinds = {item["kind"] for item in items}
+    assert {"RayCluster", "ConfigMap", "Deployment", "Role", "RoleBinding"} <= kinds
+    for item in items:
+        if item["kind"] == "RayCluster":
+            jsonschema.Draft7Validator(RAYCLUSTER_SCHEMA).validate(item)
+            for where, _ in pod_specs(item):
+                template = _group_template(item, where)
+                kubernetes_validate.validate(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PodTemplate",
+                        "metadata": {"name": where},
+                        "template": template,
+                    },
+                    K8S_VERSION,
+                    strict=True,
+                )
+        else:
+            kubernetes_validate.validate(item, K8S_VERSION, strict=True)
+
+
+def _group_template(cluster: dict[str, Any], where: str) -> dict[str, Any]:
+    if where == "head":
+        return cluster["spec"]["headGroupSpec"]["template"]
+    (group,) = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == where]
+    return group["template"]
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_every_container_is_bounded_and_locked_down(name, rendered):
+    for item in rendered(name):
+        for where, spec in pod_specs(item):
+            assert spec["securityContext"]["runAsNonRoot"] is True, where
+            writable = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+            for container in spec["containers"]:
+                label = f"{where}/{container['name']}"
+                for part in ("requests", "limits"):
+                    assert {"cpu", "memory"} <= set(container["resources"][part]), label
+                context = container["securityContext"]
+                assert context["runAsNonRoot"] is True, label
+                assert context["runAsUser"] == 10001, label
+                assert context["allowPrivilegeEscalation"] is False, label
+                assert context["capabilities"] == {"drop": ["ALL"]}, label
+                assert context["readOnlyRootFilesystem"] is True, label
+                tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+                assert tmp and tmp[0]["name"] in writable, f"{label}: /tmp must be an emptyDir"
+
+
+def test_ray_pods_have_memory_backed_shm_and_the_shared_claim(rendered):
+    items = rendered("default")
+    for _, spec in pod_specs(of_kind(items, "RayCluster")[0]):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+        assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "llmrl-shared"
+        mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert {"/dev/shm", "/shared", "/etc/llmrl", "/tmp"} <= mounts
+    (claim,) = of_kind(items, "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    everything_on = rendered("everything-on")
+    assert of_kind(everything_on, "PersistentVolumeClaim") == []
+    spec = next(pod_specs(of_kind(everything_on, "RayCluster")[0]))[1]
+    assert {v["name"]: v for v in spec["volumes"]}["shared"]["persistentVolumeClaim"] == {
+        "claimName": "llmrl-shared"
+    }
+
+
+SENSITIVE_KEY = re.compile(r"password|passwd|token|secret|credential|apikey|api_key", re.I)
+SECRET_LOOKING = re.compile(r"://[^/\s:@]+:[^/\s@]+@|AKIA[0-9A-Z]{16}|-----BEGIN")
+
+
+def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _walk(value, f"{path}[{index}]")
+    else:
+        yield path, node
+
+
+@pytest.mark.parametrize("path", [CHART / "values.yaml", *EXAMPLES], ids=lambda p: p.name)
+def test_values_hold_no_secret_values(path):
+    for where, value in _walk(yaml.safe_load(path.read_text())):
+        if isinstance(value, str):
+            assert not SECRET_LOOKING.search(value), f"{where} looks like a credential"
+        leaf = where.rsplit(".", 1)[-1]
+        if SENSITIVE_KEY.search(where) and value not in ("", None):
+            # Only Secret references: a Secret's name or the name of a key inside it.
+            assert leaf in {
+                "name",
+                "key",
+                "credentialsSecret",
+                "accessKeyIdKey",
+                "secretAccessKeyKey",
+            }, f"{where} holds a value, not a Secret ref"
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_sensitive_env_comes_from_secrets(name, rendered):
+    items = rendered(name)
+    assert of_kind(items, "Secret") == [], "the chart never creates Secrets"
+    sensitive = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|STORE_URI|CONNECTION_URL|ACCESS_KEY")
+    for item in items:
+        for where, spec in pod_specs(item):
+            for container in spec["containers"]:
+                for env in container.get("env", []):
+                    if sensitive.search(env["name"]):
+                        assert "secretKeyRef" in env.get("valueFrom", {}), f"{where}: {env}"
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_rbac_is_namespaced_and_least_privilege(name, rendered):
+    items = rendered(name)
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {item["kind"] for item in items}
+    (role,) = of_kind(items, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    crud = ("create", "get", "list", "watch", "delete")
+    expected = {("ray.io", r, v) for r in ("rayjobs", "rayclusters") for v in crud}
+    expected |= {("batch", "jobs", v) for v in crud}
+    expected |= {("", "pods", v) for v in ("get", "list", "watch")}
+    expected |= {("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch")}
+    assert granted == expected
+    (binding,) = of_kind(items, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    (account,) = of_kind(items, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+
+
+def _gpus(group: dict[str, Any]) -> tuple[int | None, int | None]:
+    resources = group["template"]["spec"]["containers"][0]["resources"]
+    return resources["requests"].get("nvidia.com/gpu"), resources["limits"].get("nvidia.com/gpu")
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_worker_groups_follow_the_topology(chart, name, rendered):
+    values = VALUE_SETS[name]
+    topology = merged_values(chart, values).topology
+    items = rendered(name)
+    groups = worker_groups(items)
+    (cluster,) = of_kind(items, "RayCluster")
+    head = cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    assert "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"]["limits"]
+    inference = topology.inference
+    if topology.colocated:
+        assert "inference" not in groups and "trainer" not in groups
+        assert _gpus(groups["colocated"]) == (topology.trainer.gpus,) * 2
+    else:
+        group = groups["inference"]
+        assert (
+            group["replicas"] == group["minReplicas"] == group["maxReplicas"] == inference.engines
+        )
+        expected = inference.tensor_parallel_size if inference.backend == "vllm" else None
+        assert _gpus(group) == (expected, expected), "one GPU per tensor-parallel rank"
+        assert _gpus(groups["trainer"]) == (topology.trainer.gpus or None,) * 2
+    if topology.reference.placement == "dedicated":
+        assert _gpus(groups["reference"]) == (topology.reference.gpus,) * 2
+    else:
+        assert "reference" not in groups
+    if topology.env_workers.count:
+        assert groups["env-workers"]["replicas"] == topology.env_workers.count
+        assert _gpus(groups["env-workers"]) == (None, None)
+    scheduling = (
+        topology.inference.scheduling if not topology.colocated else topology.trainer.scheduling
+    )
+    spec = groups["colocated" if topology.colocated else "inference"]["template"]["spec"]
+    assert spec.get("nodeSelector", {}) == scheduling.node_selector
+    assert spec.get("tolerations", []) == scheduling.tolerations
+    assert spec.get("affinity", {}) == scheduling.affinity
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_topology_configmap_parses_back(chart, name, rendered):
+    values = VALUE_SETS[name]
+    items = rendered(name)
+    (config,) = of_kind(items, "ConfigMap")
+    parsed = Topology.model_validate(yaml.safe_load(config["data"]["topology.yaml"]))
+    expected = merged_values(chart, values).topology
+    assert parsed.inference.gpus_per_engine == expected.inference.engine_gpus
+    assert parsed.model_copy(update={"inference": expected.inference}) == expected
+    stages = yaml.safe_load(config["data"]["stages.yaml"])
+    assert stages["shared_dir"] == "/shared"
+    assert set(stages["stages"]) == {"prepare", "sft", "grpo", "evaluate"}
+    assert stages["mlflow_tracking_uri"].startswith(("http://", "https://"))
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_values_validate_as_chart_values(chart, name):
+    merged = chart.merge_values(VALUE_SETS[name])
+    ChartValues.model_validate(merged)
+    chart.validate_schema(VALUE_SETS[name])
+
+
+def test_schema_is_current():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "chart_schema.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert chart_schema_text() == (CHART / "values.schema.json").read_text()
+
+
+def chart_schema_text() -> str:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import chart_schema
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return chart_schema.render_schema()
+
+
+def test_schema_check_detects_drift(tmp_path):
+    stale = tmp_path / "values.schema.json"
+    stale.write_text((CHART / "values.schema.json").read_text().replace('"vllm"', '"tgi"', 1))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "chart_schema.py"),
+            "--check",
+            "--output",
+            str(stale),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "is out of date" in result.stderr
+
+
+def test_schema_is_draft07_without_refs():
+    text = (CHART / "values.schema.json").read_text()
+    schema = json.loads(text)
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert "$ref" not in text and "$defs" not in text
+    jsonschema.Draft7Validator.check_schema(schema)
+    assert (
+        schema["properties"]["topology"]["properties"]["inference"]["additionalProperties"] is False
+    )
+
+
+INVALID_TOPOLOGIES = [
+    pytest.param(
+        {
+            "colocated": True,
+            "inference": {"engines": 2, "tensor_parallel_size": 2},
+            "trainer": {"gpus": 2, "strategy": "ddp"},
+        },
+        r"topology\.trainer\.gpus: colocated .* \(2 x 2 = 4\), got 2",
+        id="colocated-mismatch-fail-guard",
+    ),
+    pytest.param(
+        {"inference": {"tensor_parallel_size": 2, "gpus_per_engine": 1}},
+        r"topology\.inference\.gpus_per_engine: .* must equal .*tensor_parallel_size \(2\), got 1",
+        id="gpus-per-engine-fail-guard",
+    ),
+    pytest.param(
+        {"inference": {"backend": "transformers", "tensor_parallel_size": 2}},
+        r"/topology/inference/tensor_parallel_size",
+        id="transformers-tp-schema",
+    ),
+    pytest.param(
+        {"trainer": {"gpus": 4, "strategy": "single"}},
+        r"/topology/trainer/gpus.*maximum",
+        id="single-gpus-schema",
+    ),
+    pytest.param(
+        {"reference": {"placement": "dedicated", "gpus": 0}},
+        r"/topology/reference/gpus.*minimum",
+        id="dedicated-reference-schema",
+    ),
+    pytest.param(
+        {"inference": {"engine": 2}},
+        r"additional properties 'engine' not allowed",
+        id="unknown-key-schema",
+    ),
+    pytest.param(
+        {"inference": {"engines": 0}}, r"/topology/inference/engines.*minimum", id="bounds-schema"
+    ),
+]
+
+
+@pytest.mark.parametrize(("topology", "message"), INVALID_TOPOLOGIES)
+def test_invalid_topology_does_not_render(chart, topology, message):
+    with pytest.raises(helm.HelmError, match=message):
+        render(chart, {"topology": topology})
+    with pytest.raises(ValueError):  # pydantic's ValidationError is a ValueError
+        ChartValues.model_validate(chart.merge_values({"topology": topology}))
+
+
+@pytest.fixture(scope="module")
+def chart_without_schema(tmp_path_factory):
+    """A copy of the chart without values.schema.json (as with --skip-schema-validation)."""
+    copy_dir = tmp_path_factory.mktemp("chart") / "llmrl"
+    shutil.copytree(CHART, copy_dir)
+    (copy_dir / "values.schema.json").unlink()
+    with helm.Chart.load(copy_dir) as loaded:
+        yield loaded
+
+
+@pytest.mark.parametrize(("topology", "message"), SPEC_INVALID)
+def test_fail_guard_mirrors_every_topology_rule(chart_without_schema, topology, message):
+    # The template guard alone (no schema) rejects what Topology rejects, naming the same field.
+    field = message.split(":", 1)[0].replace("\\", "")
+    with pytest.raises(helm.HelmRenderError, match=re.escape(f"topology.{field}:")):
+        render(chart_without_schema, {"topology": topology})
+
+
+def test_mlflow_uses_existing_secrets_or_an_external_server(chart, rendered):
+    items = rendered("default")
+    (deployment,) = [
+        d for d in of_kind(items, "Deployment") if d["metadata"]["name"] == "llmrl-mlflow"
+    ]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"] == {
+        "name": "llmrl-mlflow-db",
+        "key": "uri",
+    }
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "llmrl-mlflow-s3"
+    assert container["command"][container["command"].index("--artifacts-destination") + 1] == (
+        "s3://mlflow/artifacts"
+    )
+    assert [s["metadata"]["name"] for s in of_kind(items, "Service")] == ["llmrl-mlflow"]
+    external = rendered("external-mlflow")
+    assert "llmrl-mlflow" not in {d["metadata"]["name"] for d in of_kind(external, "Deployment")}
+    ray_env = _head_env(external)
+    assert ray_env["MLFLOW_TRACKING_URI"] == "https://mlflow.example.com"
+    with pytest.raises(helm.HelmError, match=r"mlflow\.externalUri"):
+        render(chart, {"mlflow": {"enabled": False}})
+
+
+def _head_env(items: list[dict[str, Any]]) -> dict[str, str]:
+    (cluster,) = of_kind(items, "RayCluster")
+    container = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_prefect_worker_and_optional_server(chart, rendered):
+    items = rendered("default")
+    names = {d["metadata"]["name"] for d in of_kind(items, "Deployment")}
+    assert "llmrl-prefect-server" not in names
+    (worker,) = [
+        d for d in of_kind(items, "Deployment") if d["metadata"]["name"] == "llmrl-prefect-worker"
+    ]
+    container = worker["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:7] == [
+        "prefect",
+        "worker",
+        "start",
+        "--pool",
+        "llmrl-k8s",
+        "--type",
+        "kubernetes",
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PREFECT_API_URL"] == "http://prefect-server.prefect.svc:4200/api"
+    assert worker["spec"]["template"]["spec"]["serviceAccountName"] == "llmrl"
+    with_server = rendered("everything-on")
+    assert {"llmrl-prefect-server"} <= {
+        d["metadata"]["name"] for d in of_kind(with_server, "Deployment")
+    }
+    (worker,) = [
+        d
+        for d in of_kind(with_server, "Deployment")
+        if d["metadata"]["name"] == "llmrl-prefect-worker"
+    ]
+    env = {e["name"]: e for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PREFECT_API_URL"]["value"] == "http://llmrl-prefect-server.llmrl.svc:4200/api"
+    assert env["PREFECT_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "prefect-cloud"
+    with pytest.raises(helm.HelmError, match=r"prefect\.apiUrl"):
+        render(chart, {"prefect": {"apiUrl": ""}})
+
+
+def test_notes_explain_access_and_how_to_run(chart):
+    notes = render(chart, {})["llmrl/templates/NOTES.txt"]
+    assert "kubectl -n llmrl port-forward svc/llmrl-mlflow 5000:5000" in notes
+    assert "prefect deployment run 'llmrl-pipeline/default' --param" in notes
+    with_server = render(chart, copy.deepcopy(VALUE_SETS["everything-on"]))[
+        "llmrl/templates/NOTES.txt"
+    ]
+    assert "port-forward svc/llmrl-prefect-server 4200:4200" in with_server

@@ -1,0 +1,1 @@
+"""Tests of the plain Kubernetes manifests in k8s/."""

@@ -1,0 +1,403 @@
+"""GRPO loss: hand-computed values on written-out tensors, then the loss on a tiny model's rollout.
+
+The hand-made batch (N=2, L=4): per-token ratios ``r = exp(log_probs - old)`` and advantages
+
+    row 0: mask [T, T, T, F]  r = [1.5, 0.7, 1.0, pad]   A = +1
+    row 1: mask [F, F, T, T]  r = [pad, pad, 1.1, 0.5]   A = -2
+
+Padded positions hold 1e4 (exp overflows to inf): any leak makes the result inf or nan.
+With eps = 0.2 the clip range is [0.8, 1.2], and -min(r A, clip(r) A) per token is
+
+    row 0: -min(1.5, 1.2) = -1.2 (clipped)   -min(0.7, 0.8) = -0.7   -1.0
+    row 1: -min(-2.2, -2.2) = 2.2            -min(-1.0, -1.6) = 1.6 (clipped)
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llmrl.envs.transforms import RetrieveLogProb
+from llmrl.objectives import GRPOLoss, GRPOLossOutput, grpo_objective
+from llmrl.policies import TransformersWrapper
+from tests.policies.conftest import history_batch
+
+PAD = 1e4
+MASK = torch.tensor([[True, True, True, False], [False, False, True, True]])
+RATIOS = [[1.5, 0.7, 1.0, 1.0], [1.0, 1.0, 1.1, 0.5]]
+OLD = torch.tensor([[-1.0, -2.0, -0.5, 7.0], [3.0, -9.0, -1.5, -0.3]])
+ADVANTAGE = torch.tensor([1.0, -2.0])
+VALID_RATIOS = [1.5, 0.7, 1.0, 1.1, 0.5]
+ATOL = 1e-5
+
+
+def k3(d: float) -> float:
+    return math.exp(d) - 1 - d
+
+
+def _log_probs() -> torch.Tensor:
+    """Current log-probs: old + log r at valid positions, PAD elsewhere."""
+    log_probs = OLD + torch.tensor(RATIOS).log()
+    return torch.where(MASK, log_probs, torch.full_like(log_probs, PAD))
+
+
+def _objective(**kwargs) -> GRPOLossOutput:
+    return grpo_objective(_log_probs(), OLD, ADVANTAGE, MASK, **kwargs)
+
+
+def _close(value: torch.Tensor, expected: float) -> None:
+    assert torch.isfinite(value).all()
+    assert value.item() == pytest.approx(expected, abs=ATOL)
+
+
+# ----------------------------------------------------------------- aggregations
+def test_token_mean():
+    # (-1.2 - 0.7 - 1.0 + 2.2 + 1.6) / 5 = 0.9 / 5
+    _close(_objective(aggregation="token_mean").loss_objective, 0.18)
+
+
+def test_prompt_mean():
+    # row means: -2.9 / 3 and 3.8 / 2 = 1.9; their mean
+    _close(_objective(aggregation="prompt_mean").loss_objective, (-2.9 / 3 + 1.9) / 2)
+
+
+def test_prompt_mean_skips_rows_without_tokens():
+    mask = MASK.clone()
+    mask[1] = False  # row 1 has no valid token: the mean is over row 0 only
+    out = grpo_objective(_log_probs(), OLD, ADVANTAGE, mask, aggregation="prompt_mean")
+    _close(out.loss_objective, -2.9 / 3)
+
+
+def test_sum_norm():
+    # Dr. GRPO: row sums -2.9 and 3.8, each / 4, then the mean over the 2 rows
+    out = _objective(aggregation="sum_norm", max_length_norm=4)
+    _close(out.loss_objective, (-2.9 / 4 + 3.8 / 4) / 2)
+
+
+def test_none_gives_per_token_losses_zero_at_padding():
+    out = _objective(aggregation="none")
+    expected = torch.tensor([[-1.2, -0.7, -1.0, 0.0], [0.0, 0.0, 2.2, 1.6]])
+    assert out.loss_objective.shape == (2, 4)
+    assert torch.allclose(out.loss_objective, expected, atol=ATOL)
+    assert torch.allclose(out.total(), expected, atol=ATOL)
+
+
+def test_empty_mask_gives_zero_not_nan():
+    empty = torch.zeros_like(MASK)
+    for aggregation, norm in (("token_mean", None), ("prompt_mean", None), ("sum_norm", 4)):
+        out = grpo_objective(
+            _log_probs(), OLD, ADVANTAGE, empty, aggregation=aggregation, max_length_norm=norm
+        )
+        assert out.loss_objective.item() == 0.0
+        assert out.clip_fraction.item() == 0.0 and out.ESS.item() == 0.0
+
+
+# ----------------------------------------------------------------- clipping
+def test_asymmetric_clip():
+    # clip range [0.8, 1.6]: r = 1.5 (A > 0) is no longer clipped: -1.5 instead of -1.2;
+    # (-1.5 - 0.7 - 1.0 + 2.2 + 1.6) / 5 = 0.6 / 5; only r = 0.5 (A < 0) is clipped
+    out = _objective(clip_epsilon=(0.2, 0.6))
+    _close(out.loss_objective, 0.12)
+    _close(out.clip_fraction, 1 / 5)
+    # clip range [0.4, 1.2]: r = 0.5 with A = -2 is inside: loss 1.0 instead of 1.6
+    out = _objective(clip_epsilon=(0.6, 0.2))
+    _close(out.loss_objective, (-1.2 - 0.7 - 1.0 + 2.2 + 1.0) / 5)
+    _close(out.clip_fraction, 1 / 5)
+
+
+def test_clip_fraction_counts_only_the_side_that_matters():
+    # symmetric: r = 1.5 with A > 0 and r = 0.5 with A < 0 are clipped: 2 of 5 valid tokens
+    _close(_objective().clip_fraction, 2 / 5)
+    # flipping the advantages: r = 1.5 with A < 0 and r = 0.7 with A > 0 keep the unclipped
+    # branch (the min picks r A), so they do not count; r = 0.7 with A < 0 is clipped (0.7 < 0.8)
+    out = grpo_objective(_log_probs(), OLD, -ADVANTAGE, MASK)
+    _close(out.clip_fraction, 1 / 5)  # row 0 (A = -1): r = 0.7; row 1 (A = +2): none above 1.2
+    zero_adv = grpo_objective(_log_probs(), OLD, torch.zeros(2), MASK)
+    _close(zero_adv.clip_fraction, 0.0)
+
+
+# ----------------------------------------------------------------- diagnostics
+def test_kl_approx_ess_are_over_valid_tokens():
+    # kl_approx = mean over valid tokens of (r - 1) - log r
+    expected_kl = sum((r - 1) - math.log(r) for r in VALID_RATIOS) / 5  # = 0.0698094
+    # ESS = (sum r)^2 / (n sum r^2) = 4.8^2 / (5 * 5.2) = 23.04 / 26
+    out = _objective()
+    _close(out.kl_approx, expected_kl)
+    _close(out.ESS, 23.04 / 26)
+    assert not out.clip_fraction.requires_grad and not out.kl_approx.requires_grad
+    assert not out.ESS.requires_grad
+    assert out.entropy is None and out.kl_to_ref is None
+
+
+def test_unchanged_policy_diagnostics():
+    out = grpo_objective(OLD.clone(), OLD, ADVANTAGE, MASK)
+    _close(out.clip_fraction, 0.0)
+    _close(out.kl_approx, 0.0)
+    _close(out.ESS, 1.0)
+
+
+# ----------------------------------------------------------------- extra terms
+DELTA = [[0.1, -0.2, 0.0, 0.0], [0.0, 0.0, 0.3, -0.1]]  # ref - current at valid positions
+
+
+def _ref() -> torch.Tensor:
+    ref = _log_probs() + torch.tensor(DELTA)
+    return torch.where(MASK, ref, torch.full_like(ref, -PAD))
+
+
+def test_kl_to_ref_k3():
+    # k3(d) = e^d - 1 - d for d = ref - current:
+    # 0.0051709, 0.0187308, 0, 0.0498588, 0.0048374 -> sum 0.0785979
+    row0 = [k3(0.1), k3(-0.2), k3(0.0)]
+    row1 = [k3(0.3), k3(-0.1)]
+    out = _objective(ref_log_probs=_ref(), kl_to_ref_coeff=0.5)
+    _close(out.kl_to_ref, sum(row0 + row1) / 5)
+    _close(out.loss_kl_to_ref, 0.5 * sum(row0 + row1) / 5)
+    prompt_mean = _objective(ref_log_probs=_ref(), kl_to_ref_coeff=0.5, aggregation="prompt_mean")
+    _close(prompt_mean.loss_kl_to_ref, 0.5 * (sum(row0) / 3 + sum(row1) / 2) / 2)
+    _close(prompt_mean.kl_to_ref, sum(row0 + row1) / 5)  # the diagnostic is a token mean
+    # the total adds the terms
+    _close(out.total(), out.loss_objective.item() + out.loss_kl_to_ref.item())
+
+
+def test_kl_to_inference_k3():
+    # d = old - current = -log r: k3 = 1/r - 1 + log r
+    # 0.0721318, 0.0718965, 0, 0.0044011, 0.3068528 -> mean 0.0910564
+    expected = sum(k3(-math.log(r)) for r in VALID_RATIOS) / 5
+    out = _objective(kl_to_inference_coeff=0.1)
+    _close(out.loss_kl_to_inference, 0.1 * expected)
+    # with separate inference log-probs the KL is taken to them, not to the ratio's anchor
+    inference = OLD - 0.2
+    out = _objective(kl_to_inference_coeff=1.0, inference_log_probs=inference)
+    _close(out.loss_kl_to_inference, sum(k3(-math.log(r) - 0.2) for r in VALID_RATIOS) / 5)
+
+
+ENTROPY = torch.tensor([[0.5, 1.0, 1.5, PAD], [PAD, PAD, 2.0, 3.0]])
+
+
+def test_entropy_term_and_diagnostic():
+    out = _objective(entropy=ENTROPY, entropy_coeff=0.01)
+    _close(out.entropy, (0.5 + 1.0 + 1.5 + 2.0 + 3.0) / 5)  # 1.6
+    _close(out.loss_entropy, -0.01 * 1.6)  # maximising entropy lowers the loss
+    none = _objective(entropy=ENTROPY, entropy_coeff=0.01, aggregation="none")
+    assert none.loss_entropy[~MASK].eq(0).all()
+    _close(none.loss_entropy[1, 3], -0.03)
+
+
+def test_truncated_importance_sampling():
+    # old - inference = [ln 3, ln 0.5, 0 | ln 1.5, 0] -> w = min(., 2) = [2, 0.5, 1 | 1.5, 1]
+    gap = torch.tensor([[math.log(3), math.log(0.5), 0.0, 0.0], [0.0, 0.0, math.log(1.5), 0.0]])
+    inference = (OLD - gap).requires_grad_()
+    out = _objective(inference_log_probs=inference, tis_cap=2.0)
+    # (-1.2 * 2 - 0.7 * 0.5 - 1.0 * 1 + 2.2 * 1.5 + 1.6 * 1) / 5 = 1.15 / 5
+    _close(out.loss_objective, 0.23)
+    assert not out.loss_objective.requires_grad  # the weights are detached
+    # off by default: separate inference log-probs leave the objective alone
+    _close(_objective(inference_log_probs=inference).loss_objective, 0.18)
+
+
+# ----------------------------------------------------------------- gradients
+@pytest.mark.parametrize(
+    ("aggregation", "norm"), [("token_mean", None), ("prompt_mean", None), ("sum_norm", 4.0)]
+)
+def test_gradients_are_zero_at_padding(aggregation, norm):
+    log_probs = _log_probs().requires_grad_()
+    entropy = ENTROPY.clone().requires_grad_()
+    out = grpo_objective(
+        log_probs,
+        OLD,
+        ADVANTAGE,
+        MASK,
+        aggregation=aggregation,
+        max_length_norm=norm,
+        ref_log_probs=_ref(),
+        entropy=entropy,
+        kl_to_ref_coeff=0.5,
+        kl_to_inference_coeff=0.1,
+        entropy_coeff=0.01,
+        tis_cap=2.0,
+        inference_log_probs=OLD - 0.1,
+    )
+    out.total().backward()
+    assert torch.isfinite(log_probs.grad).all() and torch.isfinite(entropy.grad).all()
+    assert (log_probs.grad[~MASK] == 0).all()
+    assert (entropy.grad[~MASK] == 0).all()
+    assert (log_probs.grad[MASK] != 0).any()
+
+
+def test_objective_gradient_by_hand():
+    # token mean: d loss / d log_probs = -(1/5) r A where unclipped, 0 where clipped
+    log_probs = _log_probs().requires_grad_()
+    grpo_objective(log_probs, OLD, ADVANTAGE, MASK).loss_objective.backward()
+    expected = torch.tensor([[0.0, -0.7 / 5, -1.0 / 5, 0.0], [0.0, 0.0, 2 * 1.1 / 5, 0.0]])
+    assert torch.allclose(log_probs.grad, expected, atol=ATOL)
+
+
+# ----------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"clip_epsilon": -0.1}, "clip_epsilon must be >= 0"),
+        ({"clip_epsilon": (0.2, -0.1)}, "eps_high=-0.1"),
+        ({"aggregation": "mean"}, "options: ['token_mean', 'prompt_mean', 'sum_norm', 'none']"),
+        ({"aggregation": "sum_norm"}, "needs max_length_norm"),
+        ({"max_length_norm": 10}, "only used by aggregation='sum_norm'"),
+        ({"kl_to_ref_coeff": -1.0}, "kl_to_ref_coeff must be >= 0"),
+        ({"kl_to_ref_coeff": 0.1}, "needs ref_log_probs"),
+        ({"entropy_coeff": 0.1}, "needs the token entropy"),
+        ({"tis_cap": 0.0}, "tis_cap must be > 0"),
+    ],
+)
+def test_objective_validation(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        _objective(**kwargs)
+    assert message in str(error.value)
+
+
+def test_advantage_shape_is_checked():
+    with pytest.raises(ValueError, match="advantage"):
+        grpo_objective(_log_probs(), OLD, torch.zeros(3), MASK)
+    out = grpo_objective(_log_probs(), OLD, ADVANTAGE.unsqueeze(1), MASK)  # [N, 1] is fine
+    _close(out.loss_objective, 0.18)
+
+
+# ----------------------------------------------------------------- GRPOLoss on a tiny model
+@pytest.fixture(scope="module")
+def sampler(tiny, tokenizer):
+    return TransformersWrapper(
+        tiny, tokenizer, num_samples=2, generate_kwargs={"max_new_tokens": 8, "seed": 0}
+    )
+
+
+@pytest.fixture(scope="module")
+def sampled(sampler):
+    """A collector-like batch [6]: ragged tokens, masks, sampling log-probs, advantages."""
+    td = sampler(history_batch()).reshape(-1)
+    td["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    return td
+
+
+@pytest.fixture
+def rollout(sampled, tiny):
+    """A shallow copy of the sampled batch per test (tests may add entries)."""
+    yield sampled.clone(False)
+    tiny.zero_grad(set_to_none=True)
+
+
+def test_loss_forward_backward_first_step(sampler, rollout, tiny):
+    out = GRPOLoss(sampler)(rollout)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in tiny.parameters() if p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
+    # unchanged weights: ratio == 1, so nothing is clipped and old == current
+    assert out.clip_fraction.item() == 0.0
+    assert out.kl_approx.item() == pytest.approx(0.0, abs=1e-4)
+    assert out.ESS.item() == pytest.approx(1.0, abs=1e-4)
+    # with r == 1 the token-mean objective is -mean(A) over the response tokens
+    lengths = torch.tensor([len(r) for r in rollout["tokens"].as_list("response")])
+    expected = -(rollout["advantage"] * lengths).sum() / lengths.sum()
+    assert out.loss_objective.item() == pytest.approx(expected.item(), abs=1e-4)
+
+
+def test_loss_only_touches_response_tokens_with_sft_masking(sampler, rollout):
+    out = GRPOLoss(sampler, aggregation="none")(rollout)
+    scored = sampler.get_new_version(generate=False, input_mode="tokens", pad_output=True)(
+        rollout
+    )
+    masks = scored["masks"]
+    per_token = out.loss_objective.detach()
+    prompt_width = masks.prompt.shape[1]
+    assert (per_token[:, :prompt_width] == 0).all()
+    response = per_token[:, prompt_width:]
+    assert (response[~masks.response] == 0).all()
+    # ratio == 1: each response token's loss is -A of its row
+    expected = -rollout["advantage"].unsqueeze(1).expand_as(response)
+    assert torch.allclose(response[masks.response], expected[masks.response], atol=1e-4)
+
+
+def test_rlhf_masking_uses_prompt_log_probs_when_present(sampler, rollout):
+    loss = GRPOLoss(sampler, aggregation="none", masking_strategy="rlhf")
+    scorer = sampler.get_new_version(generate=False, input_mode="tokens")
+    with torch.no_grad():
+        rescored = scorer(rollout)
+    scored_masks = scorer.get_new_version(pad_output=True)(rollout)["masks"]
+    prompt_width = scored_masks.prompt.shape[1]
+    earlier_turns = scored_masks.assistant[:, :prompt_width]
+    assert earlier_turns[4:].any() and not earlier_turns[:4].any()  # prompt 2 is multi-turn
+    # sampling log-probs cover the response only: prompt positions are left out
+    without = loss(rollout).loss_objective.detach()
+    assert (without[:, :prompt_width] == 0).all()
+    # old log-probs with a prompt part: earlier assistant turns are trained on too
+    with_prompt = rollout.clone(False)
+    with_prompt["log_probs"] = rescored["log_probs"]
+    per_token = loss(with_prompt).loss_objective.detach()[:, :prompt_width]
+    expected = -rollout["advantage"].unsqueeze(1).expand_as(per_token)
+    assert torch.allclose(per_token[earlier_turns], expected[earlier_turns], atol=1e-4)
+    assert (per_token[~earlier_turns] == 0).all()
+
+
+def test_kl_to_ref_entropy_and_inference_terms(sampler, rollout):
+    RetrieveLogProb(sampler).on_step(rollout)  # the reference is the same model: KL ~ 0
+    loss = GRPOLoss(
+        sampler,
+        masking_strategy="rlhf",
+        kl_to_ref_coeff=0.1,
+        kl_to_inference_coeff=0.1,
+        entropy_coeff=0.01,
+    )
+    out = loss(rollout)
+    assert out.kl_to_ref.item() == pytest.approx(0.0, abs=1e-4)
+    assert out.loss_kl_to_inference.item() == pytest.approx(0.0, abs=1e-5)
+    assert 0 < out.entropy.item() < math.log(len(sampler.tokenizer)) + 1e-3
+    assert out.loss_entropy.item() == pytest.approx(-0.01 * out.entropy.item(), rel=1e-5)
+    out.loss.backward()
+
+
+def test_padded_batch_gives_the_same_loss(sampler, rollout):
+    padded = sampler.get_new_version(pad_output=True)(history_batch()).reshape(-1)
+    assert padded["tokens"].is_padded
+    assert [t.tolist() for t in padded["tokens"].unpad(padded["masks"]).as_list("full")] == [
+        t.tolist() for t in rollout["tokens"].as_list("full")
+    ], "same seed, same samples"
+    padded["advantage"] = rollout["advantage"]
+    loss = GRPOLoss(sampler, aggregation="prompt_mean", kl_to_inference_coeff=0.1)
+    ragged_out, padded_out = loss(rollout), loss(padded)
+    for name in ("loss_objective", "loss_kl_to_inference", "kl_approx", "ESS"):
+        assert padded_out.get(name).item() == pytest.approx(
+            ragged_out.get(name).item(), abs=1e-6
+        ), name
+
+
+def test_truncated_importance_sampling_forward(sampler, rollout):
+    plain = GRPOLoss(sampler)(rollout)
+    # the anchor is the current log-probs (detached) and w = min(exp(current - sampling), cap)
+    # ~ 1 on the first step: the same loss, and gradients flow
+    tis = GRPOLoss(sampler, tis_cap=2.0)(rollout)
+    assert tis.loss_objective.item() == pytest.approx(plain.loss_objective.item(), abs=1e-4)
+    assert tis.loss_objective.requires_grad
+    # an explicit anchor: the training model's log-probs of the sampling policy
+    anchored = rollout.clone(False)
+    anchored["old_log_probs"] = rollout["log_probs"]
+    out = GRPOLoss(sampler, tis_cap=2.0, old_log_probs_key="old_log_probs")(anchored)
+    assert out.loss_objective.item() == pytest.approx(plain.loss_objective.item(), abs=1e-4)
+
+
+def test_loss_validation(sampler, rollout):
+    with pytest.raises(ValueError, match=r"options: \['sft', 'rlhf', 'generic'\]"):
+        GRPOLoss(sampler, masking_strategy="assistant")
+    with pytest.raises(ValueError, match="options: "):
+        GRPOLoss(sampler, aggregation="seq_mean")
+    with pytest.raises(ValueError, match="needs max_length_norm"):
+        GRPOLoss(sampler, aggregation="sum_norm")
+    with pytest.raises(ValueError, match="clip_epsilon must be >= 0"):
+        GRPOLoss(sampler, clip_epsilon=(-0.1, 0.2))
+    for missing in ("advantage", "log_probs", "tokens"):
+        with pytest.raises(KeyError, match=f"'{missing}'"):
+            GRPOLoss(sampler)(rollout.exclude(missing))
+    with pytest.raises(KeyError, match="'ref_log_probs'"):
+        GRPOLoss(sampler, kl_to_ref_coeff=0.1)(rollout)
+    with pytest.raises(ValueError, match="reshape"):
+        GRPOLoss(sampler)(rollout.reshape(3, 2))

@@ -1,0 +1,1 @@
+"""Tests of the cluster topology (llmrl.topology): validation, totals, Ray placement."""

@@ -1,0 +1,133 @@
+"""Placement groups of a topology: the plan (no Ray), then a real local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+
+from llmrl.models.errors import MissingExtraError
+from llmrl.topology import PlacementError, Topology, place_on_ray
+from llmrl.topology.placement import plan_groups, requested_resources
+
+
+def test_plan_of_the_local_default_is_cpu_only():
+    groups, roles = plan_groups(Topology.local_default())
+    assert [(g.label, g.bundles, g.strategy) for g in groups] == [
+        ("inference[0]", ({"CPU": 0.5},), "STRICT_PACK"),
+        ("trainer", ({"CPU": 0.5},), "PACK"),
+        ("env_workers", ({"CPU": 0.5}, {"CPU": 0.5}), "SPREAD"),
+    ]
+    assert [r.role for r in roles] == ["inference[0]", "trainer", "env_workers"]
+    assert requested_resources(groups) == {"CPU": 2.0}
+
+
+def test_vllm_engines_get_one_gpu_bundle_per_tensor_parallel_rank():
+    topology = Topology.model_validate(
+        {
+            "inference": {"engines": 2, "tensor_parallel_size": 2, "cpus_per_engine": 4},
+            "trainer": {"gpus": 2, "strategy": "fsdp", "cpus": 6},
+            "reference": {"placement": "dedicated", "gpus": 1, "cpus": 2},
+            "env_workers": {"count": 0},
+        }
+    )
+    groups, roles = plan_groups(topology)
+    assert [g.label for g in groups] == ["inference[0]", "inference[1]", "trainer", "reference"]
+    assert groups[0].bundles == ({"GPU": 1.0, "CPU": 2.0},) * 2
+    assert groups[2].bundles == ({"GPU": 1.0, "CPU": 3.0},) * 2
+    assert groups[3].bundles == ({"GPU": 1.0, "CPU": 2.0},)
+    assert requested_resources(groups) == {"GPU": topology.total_gpus, "CPU": topology.total_cpus}
+    assert "env_workers" not in [r.role for r in roles]
+
+
+def test_colocated_engines_share_the_trainer_group():
+    topology = Topology.model_validate(
+        {
+            "colocated": True,
+            "inference": {"engines": 4, "tensor_parallel_size": 2, "cpus_per_engine": 2},
+            "trainer": {"gpus": 8, "strategy": "fsdp", "cpus": 8},
+            "env_workers": {"count": 1},
+        }
+    )
+    groups, roles = plan_groups(topology)
+    assert len(groups) == 2 and len(groups[0].bundles) == 8
+    by_role = {r.role: r for r in roles}
+    assert by_role["inference[1]"].group == by_role["trainer"].group == 0
+    assert by_role["inference[1]"].bundle_indices == (2, 3)
+    assert by_role["trainer"].bundle_indices == tuple(range(8))
+    assert requested_resources(groups)["GPU"] == topology.total_gpus == 8
+
+
+def test_missing_ray_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
+    with pytest.raises(MissingExtraError, match=r"pip install 'llmrl\[local\]'"):
+        place_on_ray(Topology.local_default())
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A private 2-CPU, 0-GPU local Ray cluster for this module."""
+    ray = pytest.importorskip("ray")
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory(prefix="ray") as tmp:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        patch.setenv("RAY_TMPDIR", tmp)
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+            os.environ.pop("RAY_ADDRESS", None)
+
+
+def _states(ray) -> list[str]:
+    return [group["state"] for group in ray.util.placement_group_table().values()]
+
+
+@pytest.mark.integration
+def test_local_default_is_placed_and_removed(ray_cluster):
+    placement = place_on_ray(Topology.local_default(), timeout_s=30)
+    try:
+        assert len(placement.groups) == 3
+        assert [g.role for g in placement.inference] == ["inference[0]"]
+        assert placement.reference is None
+        assert placement.env_workers is not None and placement.env_workers.bundle_indices == (0, 1)
+        assert all(group.wait(0) for group in placement.groups)
+        strategy = placement.trainer.scheduling_strategy()
+        assert strategy.placement_group is placement.trainer.group
+    finally:
+        placement.remove()
+    placement.remove()  # idempotent
+    assert set(_states(ray_cluster)) <= {"REMOVED"}
+
+
+@pytest.mark.integration
+def test_a_gpu_topology_fails_fast_naming_what_is_missing(ray_cluster):
+    start = time.monotonic()
+    with pytest.raises(PlacementError) as caught:
+        place_on_ray(Topology(), timeout_s=60)
+    assert time.monotonic() - start < 5, "it must not wait for the timeout"
+    message = str(caught.value)
+    assert "GPU: needs 2, the cluster has 0" in message
+    assert "inference[0]: 1 x {GPU: 1, CPU: 4} (STRICT_PACK)" in message
+    assert "trainer: 1 x {GPU: 1, CPU: 8} (PACK)" in message
+    assert "cluster total: GPU 0, CPU 2" in message
+
+
+@pytest.mark.integration
+def test_an_unplaceable_group_times_out_and_is_removed(ray_cluster):
+    too_wide = Topology.model_validate(
+        {
+            "inference": {"backend": "transformers", "cpus_per_engine": 0.5},
+            "trainer": {"gpus": 0, "cpus": 0.5},
+            "env_workers": {"count": 2, "cpus_each": 1.5},
+        }
+    )
+    with pytest.raises(PlacementError, match=r"could not place env_workers within 1 s") as caught:
+        place_on_ray(too_wide, timeout_s=1, check_capacity=False)
+    assert "env_workers: 2 x {CPU: 1.5} (SPREAD)" in str(caught.value)
+    assert set(_states(ray_cluster)) <= {"REMOVED"}

@@ -1,0 +1,274 @@
+"""Topology: every validation rule by its message, totals, the local default, YAML round trip."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from llmrl.config import ConfigError, dump_config, load_config
+from llmrl.topology import InferenceSpec, Topology, TrainerSpec
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "llmrl"
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` merged into a copy of ``base`` (lists and scalars replace), as Helm does."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def chart_topology(example: str | None = None) -> dict[str, Any]:
+    """The chart's default topology, with an example values file merged in."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if example is not None:
+        values = merged(values, yaml.safe_load((CHART / "examples" / example).read_text()))
+    return values["topology"]
+
+
+INVALID = [
+    pytest.param(
+        {"inference": {"backend": "transformers", "tensor_parallel_size": 2}},
+        r"inference\.tensor_parallel_size: the transformers backend .* must be 1 \(got 2\)",
+        id="transformers-needs-tp1",
+    ),
+    pytest.param(
+        {"inference": {"backend": "transformers", "gpus_per_engine": 1}},
+        r"inference\.gpus_per_engine: the transformers backend runs on CPU; must be 0 \(got 1\)",
+        id="transformers-has-no-gpus",
+    ),
+    pytest.param(
+        {"inference": {"backend": "vllm", "tensor_parallel_size": 2, "gpus_per_engine": 1}},
+        r"inference\.gpus_per_engine: .* must equal inference\.tensor_parallel_size \(2\), got 1",
+        id="vllm-gpus-equal-tp",
+    ),
+    pytest.param(
+        {"trainer": {"strategy": "single", "gpus": 2}},
+        r"trainer\.gpus: strategy 'single' trains in one process on at most 1 GPU \(got 2\)",
+        id="single-at-most-1-gpu",
+    ),
+    pytest.param(
+        {"trainer": {"strategy": "fsdp", "gpus": 1}},
+        r"trainer\.gpus: strategy 'fsdp' .* needs at least 2 \(got 1\)",
+        id="fsdp-needs-2-gpus",
+    ),
+    pytest.param(
+        {"trainer": {"strategy": "ddp", "gpus": 0}},
+        r"trainer\.gpus: strategy 'ddp' .* needs at least 2 \(got 0\)",
+        id="ddp-needs-2-gpus",
+    ),
+    pytest.param(
+        {"reference": {"placement": "dedicated"}},
+        r"reference\.gpus: a dedicated reference model runs on its own GPUs; must be > 0",
+        id="dedicated-reference-needs-gpus",
+    ),
+    pytest.param(
+        {"reference": {"placement": "with_trainer", "gpus": 1}},
+        r"reference\.gpus: only a dedicated reference .* placement 'with_trainer' \(got 1\)",
+        id="shared-reference-has-no-gpus",
+    ),
+    pytest.param(
+        {
+            "colocated": True,
+            "inference": {"engines": 4, "tensor_parallel_size": 2},
+            "trainer": {"gpus": 4, "strategy": "fsdp"},
+        },
+        r"trainer\.gpus: colocated .* must equal inference\.engines \* "
+        r"inference\.tensor_parallel_size \(4 x 2 = 8\), got 4",
+        id="colocated-gpus-match",
+    ),
+    pytest.param(
+        {"colocated": True, "inference": {"backend": "transformers"}, "trainer": {"gpus": 1}},
+        r"colocated: inference and training share GPUs, which needs the vllm backend",
+        id="colocated-needs-vllm",
+    ),
+    pytest.param(
+        {
+            "colocated": True,
+            "inference": {"engines": 1, "gpu_memory_utilization": 1.0},
+            "trainer": {"gpus": 1},
+        },
+        r"inference\.gpu_memory_utilization: colocated engines share their GPUs .* must be < 1",
+        id="colocated-leaves-memory",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), INVALID)
+def test_each_rule_fails_with_a_message_naming_the_field(data, message):
+    with pytest.raises(ValidationError, match=message):
+        Topology.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"inference": {"engines": 0}}, "greater than or equal to 1"),
+        ({"inference": {"tensor_parallel_size": 0}}, "greater than or equal to 1"),
+        ({"inference": {"gpu_memory_utilization": 0}}, "greater than 0"),
+        ({"inference": {"gpu_memory_utilization": 1.5}}, "less than or equal to 1"),
+        ({"inference": {"backend": "tgi"}}, "'vllm' or 'transformers'"),
+        ({"trainer": {"gpus": -1}}, "greater than or equal to 0"),
+        ({"trainer": {"strategy": "zero3"}}, "'single', 'ddp' or 'fsdp'"),
+        ({"env_workers": {"count": -1}}, "greater than or equal to 0"),
+        ({"env_workers": {"cpus_each": 0}}, "greater than 0"),
+        ({"reference": {"placement": "elsewhere"}}, "'with_trainer', 'dedicated' or 'none'"),
+    ],
+)
+def test_field_bounds(data, message):
+    with pytest.raises(ValidationError, match=message):
+        Topology.model_validate(data)
+
+
+def test_several_problems_are_reported_together():
+    with pytest.raises(ValidationError) as caught:
+        Topology.model_validate(
+            {"trainer": {"strategy": "fsdp", "gpus": 1}, "reference": {"placement": "dedicated"}}
+        )
+    text = str(caught.value)
+    assert "trainer.gpus:" in text and "reference.gpus:" in text
+
+
+def test_gpus_per_engine_is_derived_from_the_backend():
+    assert InferenceSpec(tensor_parallel_size=4).engine_gpus == 4
+    assert InferenceSpec(backend="transformers").engine_gpus == 0
+    assert InferenceSpec(tensor_parallel_size=2, gpus_per_engine=2).engine_gpus == 2
+    spec = InferenceSpec()
+    spec.tensor_parallel_size = 8  # unset gpus_per_engine follows the new size
+    assert spec.engine_gpus == 8
+
+
+def test_valid_combinations():
+    Topology.model_validate({"trainer": {"strategy": "ddp", "gpus": 2}})
+    Topology.model_validate({"reference": {"placement": "dedicated", "gpus": 1}})
+    Topology.model_validate({"reference": {"placement": "none"}})
+    Topology.model_validate({"env_workers": {"count": 0}})
+    Topology.model_validate(
+        {
+            "colocated": True,
+            "inference": {"engines": 4, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.4},
+            "trainer": {"gpus": 8, "strategy": "fsdp"},
+        }
+    )
+
+
+def test_local_default_fits_a_two_core_machine():
+    topology = Topology.local_default()
+    assert topology.total_cpus <= 2
+    assert topology.total_gpus == 0
+    assert topology.inference.backend == "transformers"
+    assert topology.inference.engine_gpus == 0
+    assert topology.trainer.gpus == 0 and topology.trainer.strategy == "single"
+    assert topology.reference.placement == "with_trainer"
+    assert topology.env_workers.count == 2 and topology.env_workers.cpus_each == 0.5
+
+
+@pytest.mark.parametrize(
+    ("example", "gpus", "cpus", "memory_gb"),
+    [
+        (None, 3, 20.0, 136.0),  # 2 engines x 1 GPU + 1 trainer GPU
+        ("single-node-8gpu.yaml", 8, 80.0, 800.0),  # colocated: the trainer's 8 GPUs
+        ("two-node-disaggregated.yaml", 16, 144.0, 1600.0),  # 4 x TP2 + 8 trainer GPUs
+        ("cpu-dev.yaml", 0, 3.0, 12.0),
+    ],
+)
+def test_totals_of_the_chart_topologies(example, gpus, cpus, memory_gb):
+    topology = Topology.model_validate(chart_topology(example))
+    assert topology.total_gpus == gpus
+    assert topology.total_cpus == pytest.approx(cpus)
+    assert topology.total_memory_gb == pytest.approx(memory_gb)
+
+
+def test_a_dedicated_reference_adds_its_resources():
+    shared = Topology(trainer=TrainerSpec(gpus=2, strategy="ddp"))
+    dedicated = Topology.model_validate(
+        {
+            "trainer": {"gpus": 2, "strategy": "ddp"},
+            "reference": {"placement": "dedicated", "gpus": 1},
+        }
+    )
+    assert dedicated.total_gpus == shared.total_gpus + 1
+    assert dedicated.total_cpus == shared.total_cpus + dedicated.reference.cpus
+    colocated = Topology.model_validate(
+        {
+            "colocated": True,
+            "inference": {"engines": 2, "gpu_memory_utilization": 0.5},
+            "trainer": {"gpus": 2, "strategy": "ddp"},
+            "reference": {"placement": "dedicated", "gpus": 1},
+        }
+    )
+    assert colocated.total_gpus == 3
+
+
+def test_yaml_round_trip_through_load_config(tmp_path):
+    topology = Topology.model_validate(chart_topology("two-node-disaggregated.yaml"))
+    path = tmp_path / "topology.yaml"
+    path.write_text(dump_config(topology))
+    assert load_config(Topology, path) == topology
+    assert load_config(Topology, path, ["env_workers.count=3"]).env_workers.count == 3
+
+
+def test_load_config_reports_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "colocated": True,
+                "inference": {"engines": 2, "tensor_parallel_size": 2},
+                "trainer": {"gpus": 2, "strategy": "ddp"},
+            }
+        )
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(Topology, path)
+    assert caught.value.problems == [
+        f"{path}: trainer.gpus: colocated inference and training share the same GPUs, so it must "
+        "equal inference.engines * inference.tensor_parallel_size (2 x 2 = 4), got 2"
+    ]
+    path.write_text("inference:\n  engine: 2\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'inference\.engine'.*'engines'"):
+        load_config(Topology, path)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"inference": {"backend": "transformers", "tensor_parallel_size": 2}},
+        {"inference": {"backend": "transformers", "gpus_per_engine": 1}},
+        {"trainer": {"gpus": 2}},
+        {"trainer": {"strategy": "fsdp", "gpus": 1}},
+        {"trainer": {"strategy": "ddp"}},
+        {"reference": {"placement": "dedicated"}},
+        {"reference": {"gpus": 1}},
+        {"colocated": True, "inference": {"backend": "transformers"}},
+    ],
+)
+def test_json_schema_rejects_what_the_model_rejects(data):
+    # The if/then clauses of the JSON schema (Helm's values.schema.json) mirror the simple rules.
+    with pytest.raises(ValidationError):
+        Topology.model_validate(data)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, Topology.model_json_schema())
+
+
+@pytest.mark.parametrize(
+    "example", [None, "single-node-8gpu.yaml", "two-node-disaggregated.yaml", "cpu-dev.yaml"]
+)
+def test_json_schema_accepts_the_chart_topologies(example):
+    data = chart_topology(example)
+    Topology.model_validate(data)
+    jsonschema.validate(data, Topology.model_json_schema())
+    jsonschema.validate(
+        Topology.local_default().model_dump(mode="json"), Topology.model_json_schema()
+    )
