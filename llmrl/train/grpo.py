@@ -265,12 +265,13 @@ def optimize(
     for _ in range(config.updates_per_step):
         for first in range(0, size, minibatch):
             out = loss_fn(batch[first : first + minibatch])
-            loss = out.loss
-            loss.backward()
+            out.loss.backward()
+            loss = float(out.loss.detach())
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.optimizer.grad_clip)
             )
-            if math.isfinite(float(loss)) and math.isfinite(grad_norm):
+            lr = scheduler.get_last_lr()[0]  # the rate of this update, before the schedule moves
+            if math.isfinite(loss) and math.isfinite(grad_norm):
                 optimizer.step()
             else:
                 counters["skipped_steps"] += 1
@@ -278,11 +279,11 @@ def optimize(
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             values = {
-                name: float(getattr(out, name))
+                name: float(getattr(out, name).detach())
                 for name in LOSS_METRICS
                 if getattr(out, name) is not None  # e.g. entropy when not computed
             }
-            values.update(loss=float(loss), grad_norm=grad_norm, lr=scheduler.get_last_lr()[0])
+            values.update(loss=loss, grad_norm=grad_norm, lr=lr)
             for name, value in values.items():
                 sums[name] = sums.get(name, 0.0) + value
             count += 1

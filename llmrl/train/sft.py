@@ -179,7 +179,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
                 batch = next(batches)
                 out = loss_fn(batch)
                 (out.loss_sft / config.grad_accum).backward()
-                total += float(out.loss_sft) / config.grad_accum
+                total += float(out.loss_sft.detach()) / config.grad_accum
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), config.optimizer.grad_clip
             )

@@ -1,4 +1,4 @@
-"""Picklable env and policy factories for the Ray collector tests.
+"""Picklable env and policy factories for the Ray collector tests, and a weight perturbation.
 
 Kept apart from the test modules (and from ``tests/conftest.py``, which makes a fresh cache
 folder when imported): Ray actors import this module to rebuild the factories.
@@ -7,6 +7,8 @@ folder when imported): Ray actors import this module to rebuild the factories.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from llmrl.envs import ArithmeticEnv
 from llmrl.models import load_tokenizer, tiny_model
@@ -46,5 +48,14 @@ class TinyPolicyFactory:
             generate_kwargs={"max_new_tokens": self.max_new_tokens},
             min_batch_size=self.min_batch_size,
             max_batch_size=32,
-            batching_timeout=0.2,
+            batching_timeout=1.0,
         )
+
+
+def perturbed(model: torch.nn.Module, seed: int = 7) -> torch.nn.Module:
+    """The model with every parameter moved by noise (a stand-in for an optimizer step)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model

@@ -3,6 +3,9 @@ in order, replay-buffer mode, checkpoints, exhausted datasets."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from tensordict import TensorDictBase
@@ -106,9 +109,7 @@ def test_tiny_model_batches_totals_and_policy_versions(tiny, tokenizer):
 
 def test_multi_turn_trajectories_are_yielded_whole_once_and_in_order():
     policy = CallingPolicy()
-    collector = LLMCollector(
-        _tool_env(), policy, dialog_turns_per_batch=5, total_dialog_turns=16
-    )
+    collector = LLMCollector(_tool_env(), policy, dialog_turns_per_batch=5, total_dialog_turns=16)
     batches = list(collector)
     assert sum(b.batch_size[0] for b in batches) == 16
     assert all(b.batch_size[0] >= 5 for b in batches)
@@ -235,3 +236,12 @@ def test_invalid_settings():
         LLMCollector(_tool_env(), CallingPolicy(), 4, total_dialog_turns=0)
     with pytest.raises(ValueError, match="dialog_turns_per_batch"):
         LLMCollector(_tool_env(), CallingPolicy(), 0)
+
+
+def test_importing_collectors_imports_neither_ray_nor_vllm():
+    code = (
+        "import sys, llmrl.collectors, llmrl.data.replay; "
+        "print(sorted({'ray', 'vllm'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -13,18 +13,10 @@ from llmrl.envs import queries
 from llmrl.envs.chat_env import ChatEnv
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
+from tests.collectors.factories import perturbed
 
 GREEDY = {"max_new_tokens": 6, "do_sample": False}
 HAS_CUDA_AND_VLLM = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
-
-
-def perturbed(model: torch.nn.Module, seed: int = 7) -> torch.nn.Module:
-    """The model with every parameter moved by noise (a stand-in for an optimizer step)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model
 
 
 def score(policy: TransformersWrapper, td) -> list[torch.Tensor]:
@@ -83,7 +75,7 @@ def test_in_process_accepts_state_dicts_pairs_and_load_weights_targets(tokenizer
     torch.testing.assert_close(module.lm_head.weight, trainer.lm_head.weight)
 
     class Engine:  # a vLLM policy's interface
-        loaded: list = []
+        loaded = ()
 
         def load_weights(self, named_tensors):
             self.loaded = [name for name, _ in named_tensors]

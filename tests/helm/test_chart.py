@@ -179,7 +179,7 @@ def test_ray_pods_have_memory_backed_shm_and_the_shared_claim(rendered):
         assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
         assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "llmrl-shared"
         mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-        assert {"/dev/shm", "/shared", "/etc/llmrl", "/tmp"} <= mounts
+        assert {"/dev/shm", "/shared", "/etc/llmrl/topology", "/tmp"} <= mounts
     (claim,) = of_kind(items, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     everything_on = rendered("everything-on")
@@ -520,8 +520,19 @@ def test_prefect_worker_and_optional_server(chart, rendered):
 def test_notes_explain_access_and_how_to_run(chart):
     notes = render(chart, {})["llmrl/templates/NOTES.txt"]
     assert "kubectl -n llmrl port-forward svc/llmrl-mlflow 5000:5000" in notes
-    assert "prefect deployment run 'llmrl-pipeline/default' --param" in notes
-    with_server = render(chart, copy.deepcopy(VALUE_SETS["everything-on"]))[
-        "llmrl/templates/NOTES.txt"
-    ]
-    assert "port-forward svc/llmrl-prefect-server 4200:4200" in with_server
+    (line,) = [x for x in notes.splitlines() if "prefect deployment run" in x]
+    assert line.strip().startswith(
+        "prefect deployment run 'llmrl-pipeline/default' --param params="
+    )
+    params = json.loads(line.split("params=", 1)[1].strip("'"))
+    assert params["launcher"] == "kubernetes"
+    assert params["work_dir"].startswith("/shared/")
+    assert params["kubernetes"]["topology"] == "/etc/llmrl/topology/topology.yaml"
+    assert params["kubernetes"]["shared_claim"] == "llmrl-shared"
+    assert params["kubernetes"]["service_account"] == "llmrl"
+    assert params["mlflow_tracking_uri"] == "http://llmrl-mlflow.llmrl.svc:5000"
+    with_server = render(chart, copy.deepcopy(VALUE_SETS["everything-on"]))
+    assert (
+        "port-forward svc/llmrl-prefect-server 4200:4200"
+        in with_server["llmrl/templates/NOTES.txt"]
+    )

@@ -175,3 +175,7 @@ def test_job_built_from_the_defaults_is_a_valid_job(template):
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert {"PREFECT_API_URL", "MLFLOW_TRACKING_URI"} <= {e["name"] for e in container["env"]}
     assert "nvidia.com/gpu" not in container["resources"]["limits"], "flow runs are CPU-only"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"tmp": "/tmp", "shared": "/shared", "topology": "/etc/llmrl/topology"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "llmrl-shared"

@@ -304,9 +304,7 @@ def test_loss_forward_backward_first_step(sampler, rollout, tiny):
 
 def test_loss_only_touches_response_tokens_with_sft_masking(sampler, rollout):
     out = GRPOLoss(sampler, aggregation="none")(rollout)
-    scored = sampler.get_new_version(generate=False, input_mode="tokens", pad_output=True)(
-        rollout
-    )
+    scored = sampler.get_new_version(generate=False, input_mode="tokens", pad_output=True)(rollout)
     masks = scored["masks"]
     per_token = out.loss_objective.detach()
     prompt_width = masks.prompt.shape[1]

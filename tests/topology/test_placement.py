@@ -71,7 +71,10 @@ def test_missing_ray_names_the_extra(monkeypatch):
 def ray_cluster():
     """A private 2-CPU, 0-GPU local Ray cluster for this module."""
     ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory(prefix="ray") as tmp:
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        tempfile.TemporaryDirectory(prefix="ray", ignore_cleanup_errors=True) as tmp,
+    ):
         patch.setenv("RAY_AUTH_MODE", "disabled")
         patch.setenv("RAY_TMPDIR", tmp)
         if ray.is_initialized():
@@ -96,13 +99,13 @@ def test_local_default_is_placed_and_removed(ray_cluster):
         assert [g.role for g in placement.inference] == ["inference[0]"]
         assert placement.reference is None
         assert placement.env_workers is not None and placement.env_workers.bundle_indices == (0, 1)
-        assert all(group.wait(0) for group in placement.groups)
+        assert all(group.wait(10) for group in placement.groups)
         strategy = placement.trainer.scheduling_strategy()
         assert strategy.placement_group is placement.trainer.group
     finally:
         placement.remove()
     placement.remove()  # idempotent
-    assert set(_states(ray_cluster)) <= {"REMOVED"}
+    assert _all_removed(ray_cluster)
 
 
 @pytest.mark.integration
@@ -116,6 +119,7 @@ def test_a_gpu_topology_fails_fast_naming_what_is_missing(ray_cluster):
     assert "inference[0]: 1 x {GPU: 1, CPU: 4} (STRICT_PACK)" in message
     assert "trainer: 1 x {GPU: 1, CPU: 8} (PACK)" in message
     assert "cluster total: GPU 0, CPU 2" in message
+    assert _all_removed(ray_cluster), "nothing is left behind"
 
 
 @pytest.mark.integration
@@ -127,7 +131,19 @@ def test_an_unplaceable_group_times_out_and_is_removed(ray_cluster):
             "env_workers": {"count": 2, "cpus_each": 1.5},
         }
     )
-    with pytest.raises(PlacementError, match=r"could not place env_workers within 1 s") as caught:
-        place_on_ray(too_wide, timeout_s=1, check_capacity=False)
+    # Under load the placeable groups may also still be pending at the deadline: both are named.
+    with pytest.raises(
+        PlacementError, match=r"could not place (.*, )?env_workers within 2 s"
+    ) as caught:
+        place_on_ray(too_wide, timeout_s=2, check_capacity=False)
     assert "env_workers: 2 x {CPU: 1.5} (SPREAD)" in str(caught.value)
-    assert set(_states(ray_cluster)) <= {"REMOVED"}
+    assert _all_removed(ray_cluster), "the groups that were placed are removed too"
+
+
+def _all_removed(ray, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while set(_states(ray)) - {"REMOVED"}:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

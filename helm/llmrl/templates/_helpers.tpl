@@ -82,6 +82,13 @@ helm.sh/chart: {{ include "llmrl.chart" .ctx }}
 {{- end }}
 {{- end }}
 
+{{/* The pipeline's `params` for a Kubernetes run on this release, as one-line JSON (NOTES). */}}
+{{- define "llmrl.runParams" -}}
+{{- $k8s := dict "namespace" .Release.Namespace "image" (include "llmrl.image" (dict "ctx" . "image" .Values.image)) "topology" "/etc/llmrl/topology/topology.yaml" "service_account" (include "llmrl.serviceAccountName" .) "shared_claim" (include "llmrl.claimName" .) "shared_mount_path" .Values.storage.mountPath "ray_version" .Values.rayCluster.rayVersion }}
+{{- $params := dict "launcher" "kubernetes" "work_dir" (printf "%s/runs/pipeline" .Values.storage.mountPath) "mlflow_tracking_uri" (include "llmrl.mlflowUri" .) "kubernetes" $k8s }}
+{{- toJson $params }}
+{{- end }}
+
 {{/* Pod-level security context of every pod. */}}
 {{- define "llmrl.podSecurityContext" -}}
 runAsNonRoot: true
@@ -225,7 +232,7 @@ spec:
         - {name: XDG_CACHE_HOME, value: /tmp/.cache}
         - {name: HF_HOME, value: {{ printf "%s/huggingface" $v.storage.mountPath | quote }}}
         - {name: LLMRL_SHARED_DIR, value: {{ $v.storage.mountPath | quote }}}
-        - {name: LLMRL_TOPOLOGY, value: /etc/llmrl/topology.yaml}
+        - {name: LLMRL_TOPOLOGY, value: /etc/llmrl/topology/topology.yaml}
         - {name: LLMRL_RAY_GROUP, value: {{ .group | quote }}}
         - {name: MLFLOW_TRACKING_URI, value: {{ include "llmrl.mlflowUri" $ctx | quote }}}
       resources:
@@ -247,7 +254,7 @@ spec:
         - {name: tmp, mountPath: /tmp}
         - {name: dshm, mountPath: /dev/shm}
         - {name: shared, mountPath: {{ $v.storage.mountPath | quote }}}
-        - {name: topology, mountPath: /etc/llmrl, readOnly: true}
+        - {name: topology, mountPath: /etc/llmrl/topology, readOnly: true}
   volumes:
     - name: tmp
       emptyDir: {}

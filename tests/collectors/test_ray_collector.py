@@ -1,0 +1,99 @@
+"""RayLLMCollector on a local 2-CPU Ray: two env workers and one inference actor (the tiny
+model) yield the requested transitions; weights pushed through the object store reach the
+actor, which then scores like the trainer."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmrl.models import tiny_model
+from llmrl.policies import TransformersWrapper
+from tests.collectors.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def local_ray(session_cache):
+    """A local Ray with 2 CPUs and no dashboard, shut down after the module."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        patch.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR") or tempfile.mkdtemp(prefix="ray-"))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield ray
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def collector(local_ray, session_cache, tokenizer):  # tokenizer: converted before the actors
+    from llmrl.collectors import RayLLMCollector
+
+    env_vars = {
+        "LLMRL_CACHE": str(session_cache),  # the tokenizer converted for this session
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO_ROOT),  # the factories live in the tests package
+    }
+    collector = RayLLMCollector(
+        ArithmeticEnvFactory(batch_size=2, repeats=2, num_problems=10),
+        TinyPolicyFactory(seed=0, min_batch_size=2),
+        num_env_workers=2,
+        dialog_turns_per_batch=8,
+        total_dialog_turns=16,
+        runtime_env={"env_vars": env_vars},
+    )
+    yield collector
+    collector.shutdown()
+
+
+def test_two_env_workers_yield_the_requested_transitions(collector):
+    batches = list(collector)
+    assert [b.batch_size[0] for b in batches] == [8, 8]
+    ids = torch.cat([b.get("traj_id") for b in batches]).tolist()
+    assert len(set(ids)) == 16, "trajectory ids are unique across workers"
+    assert {i % 2 for i in ids} == {0, 1}, "both workers contributed"
+    for batch in batches:
+        assert batch.get("policy_version").tolist() == [0] * 8
+        assert batch.get("done").all() and batch.get("turn").tolist() == [0] * 8
+        assert all(len(r) > 0 for r in batch.get("tokens").as_list("response"))
+    assert collector.stats["batches"] == 2 and collector.stats["yielded_turns"] == 16
+    info = ray.get(collector.inference_actors[0].info.remote())
+    assert info["generate_calls"] == 4
+    assert info["model_calls"] < info["generate_calls"], "concurrent workers share model calls"
+
+
+def test_object_store_weights_reach_the_inference_actor(collector, tokenizer):
+    collector.total_dialog_turns += 8  # one more batch
+    (batch,) = list(collector)
+    actor = collector.inference_actors[0]
+    trainer = perturbed(tiny_model(tokenizer, seed=0))
+    local = TransformersWrapper(trainer, tokenizer).get_new_version(generate=False)
+    expected = local(batch).get("log_probs").as_list("full")
+
+    def remote_scores():
+        return ray.get(actor.score.remote(batch)).get("log_probs").as_list("full")
+
+    before = remote_scores()
+    assert not any(torch.allclose(a, b) for a, b in zip(before, expected, strict=True))
+
+    stats = collector.update_policy_weights_(trainer)
+    assert stats.version == 1 and collector.policy_version == 1
+    assert stats.bytes == sum(t.numel() * t.element_size() for t in trainer.state_dict().values())
+    for got, want in zip(remote_scores(), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    assert ray.get(actor.info.remote())["version"] == 1
+
+    collector.total_dialog_turns += 8
+    (after,) = list(collector)
+    assert after.get("policy_version").tolist() == [1] * 8
+    state = collector.state_dict()
+    assert state["policy_version"] == 1 and len(state["workers"]) == 2

@@ -1,0 +1,207 @@
+"""KubernetesLauncher against a local fake Kubernetes API (tests/flows/fake_k8s_api.py)."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.launchers import (
+    KubernetesLauncher,
+    KubernetesSettings,
+    StageConfigError,
+    StageFailedError,
+    TransientStageError,
+)
+from llmrl.topology import InferenceSpec, Topology, TrainerSpec
+from tests.flows.fake_k8s_api import FakeKubernetes
+
+pytest.importorskip("kubernetes")
+
+SUMMARY = {"label": "base", "accuracy": 0.25, "pass_at": {}, "num_problems": 8, "seconds": 3.0}
+TOPOLOGY = Topology(
+    inference=InferenceSpec(engines=2, tensor_parallel_size=2),
+    trainer=TrainerSpec(gpus=2, strategy="fsdp"),
+)
+
+
+def _settings(**changes) -> KubernetesSettings:
+    values = {
+        "namespace": "llmrl",
+        "image": "registry.example/llmrl:test",
+        "watch_window_s": 1,
+        "unschedulable_timeout_s": 0,
+        "api_retry_s": 0,
+        **changes,
+    }
+    return KubernetesSettings(**values)
+
+
+def _launcher(fake: FakeKubernetes, **changes) -> KubernetesLauncher:
+    return KubernetesLauncher(
+        _settings(**changes), api_client=fake.api_client(), topology=TOPOLOGY
+    )
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "eval.yaml"
+    path.write_text("batch_size: 4\nmax_new_tokens: 8\n", encoding="utf-8")
+    return path
+
+
+def test_job_stage_creates_config_and_job_watches_and_reads_the_summary(config_file) -> None:
+    with FakeKubernetes("success", summary=SUMMARY) as fake:
+        result = _launcher(fake).run(
+            "eval", config_file, ["label=base"], {"MLFLOW_PARENT_RUN_ID": "p1"}, name="eval-base"
+        )
+    assert result.summary == SUMMARY
+    assert result.details["kind"] == "Job"
+    config_map, job = fake.created
+    name = job["metadata"]["name"]
+    assert name.startswith("llmrl-eval-base-")
+    assert config_map["data"] == {"eval.yaml": config_file.read_text()}
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == [
+        "llmrl", "eval", "--config", "/etc/llmrl/eval.yaml", "--no-progress", "--set", "label=base"
+    ]  # fmt: skip
+    assert {"name": "MLFLOW_PARENT_RUN_ID", "value": "p1"} in container["env"]
+    methods = [(method, path.rsplit("/", 2)[-2:]) for method, path in fake.requests]
+    assert methods[:3] == [
+        ("POST", ["llmrl", "configmaps"]),
+        ("POST", ["llmrl", "jobs"]),
+        ("PATCH", ["configmaps", name]),  # the job owns its config map
+    ]
+    assert any(method == "GET" and "/log" in path for method, path in fake.requests)
+    assert fake.deletes() == []  # success: the TTL cleans up
+
+
+def test_prepare_job_returns_the_dataset_directory() -> None:
+    with FakeKubernetes("success", summary_path="/shared/data/arithmetic-0a1b") as fake:
+        result = _launcher(fake).run("prepare", None, ["generate.train_size=10"], {})
+    assert result.summary == {"path": "/shared/data/arithmetic-0a1b"}
+    (job,) = fake.created  # no config file: no config map
+    assert "--config" not in job["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_rayjob_stage_runs_to_success_and_reads_the_driver_log() -> None:
+    summary = {"step": 2, "final_checkpoint": "/shared/sft/model", "train_loss": 1.5}
+    with FakeKubernetes("success", summary=summary) as fake:
+        result = _launcher(fake).run("sft", None, ["steps=2"], {}, name="sft")
+    # The driver's log ends with `ray job submit`'s banner: the last JSON line is the summary.
+    assert result.summary == summary
+    (rayjob,) = fake.created
+    assert rayjob["kind"] == "RayJob"
+    assert rayjob["spec"]["entrypoint"] == "llmrl sft --no-progress --set steps=2"
+    paths = [path for _, path in fake.requests]
+    assert "/apis/ray.io/v1/namespaces/llmrl/rayjobs" in paths
+
+
+def test_oom_killed_pod_fails_with_its_reason_and_is_deleted(config_file) -> None:
+    with FakeKubernetes("oom") as fake:
+        with pytest.raises(StageFailedError) as caught:
+            _launcher(fake).run("eval", config_file, [], {}, name="eval-sft")
+    message = str(caught.value)
+    assert "OOMKilled" in message
+    assert "exit code 137" in message
+    assert "raise the memory" in message
+    name = fake.created[1]["metadata"]["name"]
+    assert f"/apis/batch/v1/namespaces/llmrl/jobs/{name}" in fake.deletes()
+    assert f"/api/v1/namespaces/llmrl/configmaps/{name}" in fake.deletes()
+
+
+def test_oom_killed_ray_worker_fails_the_rayjob() -> None:
+    with FakeKubernetes("oom") as fake:
+        with pytest.raises(StageFailedError, match="OOMKilled"):
+            _launcher(fake).run("grpo", None, [], {})
+    name = fake.created[0]["metadata"]["name"]
+    assert f"/apis/ray.io/v1/namespaces/llmrl/rayjobs/{name}" in fake.deletes()
+
+
+def test_unschedulable_pod_fails_with_the_scheduler_message() -> None:
+    with FakeKubernetes("unschedulable") as fake:
+        with pytest.raises(StageFailedError) as caught:
+            _launcher(fake).run("grpo", None, [], {})
+    message = str(caught.value)
+    assert "Unschedulable" in message
+    assert "Insufficient nvidia.com/gpu" in message
+    assert "node selectors and tolerations" in message
+    assert len(fake.deletes()) == 1
+
+
+def test_unschedulable_is_tolerated_for_the_configured_time() -> None:
+    with FakeKubernetes("unschedulable") as fake:
+        start = time.monotonic()
+        with pytest.raises(StageFailedError, match="Unschedulable"):
+            _launcher(fake, unschedulable_timeout_s=2).run("prepare", None, [], {})
+    assert time.monotonic() - start >= 2
+
+
+def test_image_pull_backoff_fails_fast_with_its_reason() -> None:
+    with FakeKubernetes("imagepull") as fake:
+        with pytest.raises(StageFailedError) as caught:
+            _launcher(fake).run("prepare", None, [], {})
+    assert "ImagePullBackOff" in str(caught.value)
+    assert 'Back-off pulling image "llmrl:missing"' in str(caught.value)
+
+
+def test_exit_code_2_is_a_config_error_for_jobs_and_rayjobs(config_file) -> None:
+    for stage in ("eval", "sft"):
+        with FakeKubernetes("config_error") as fake:
+            with pytest.raises(StageConfigError) as caught:
+                _launcher(fake).run(stage, config_file, ["max_new_tokens=0"], {})
+        assert "max_new_tokens: Input should be greater than or equal to 1" in str(caught.value)
+
+
+def test_failures_can_keep_their_resources_for_inspection() -> None:
+    with FakeKubernetes("oom") as fake:
+        with pytest.raises(StageFailedError):
+            _launcher(fake, delete_on_failure=False).run("prepare", None, [], {})
+    assert fake.deletes() == []
+
+
+def test_api_errors_are_transient_and_leave_nothing_behind(config_file) -> None:
+    with FakeKubernetes("api_error") as fake:
+        with pytest.raises(TransientStageError, match="503"):
+            _launcher(fake).run("sft", config_file, [], {})
+    name = fake.created[0]["metadata"]["name"]  # the config map was created first
+    assert fake.deletes() == [f"/api/v1/namespaces/llmrl/configmaps/{name}"]
+
+
+def test_unreachable_api_is_transient() -> None:
+    from kubernetes import client
+
+    api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+    launcher = KubernetesLauncher(_settings(), api_client=api, topology=TOPOLOGY)
+    with pytest.raises(TransientStageError, match="unreachable"):
+        launcher.run("prepare", None, [], {})
+
+
+@pytest.mark.parametrize("stage", ["grpo", "eval"])
+def test_cancellation_deletes_what_was_created(stage: str, config_file) -> None:
+    with FakeKubernetes("hang") as fake:
+        launcher = _launcher(fake)
+
+        def cancel_when_running() -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if any(p["status"]["phase"] == "Running" for p in fake.pods()):
+                    break
+                time.sleep(0.05)
+            time.sleep(0.3)
+            _thread.interrupt_main()  # Ctrl-C, or Prefect cancelling the task
+
+        threading.Thread(target=cancel_when_running, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            launcher.run(stage, config_file, [], {})
+        kind = {"grpo": "apis/ray.io/v1/namespaces/llmrl/rayjobs"}.get(
+            stage, "apis/batch/v1/namespaces/llmrl/jobs"
+        )
+        name = fake.created[1]["metadata"]["name"]
+        assert sorted(fake.deletes()) == sorted(
+            [f"/{kind}/{name}", f"/api/v1/namespaces/llmrl/configmaps/{name}"]
+        )
+        assert fake.pods() == []  # the fake's garbage collection removed the pods

@@ -1,0 +1,139 @@
+"""The SFT stage with the tiny model: it learns, checkpoints, logs to MLflow, trains LoRA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+from safetensors.torch import load_file
+
+from llmrl.config.sft import SFTConfig
+from llmrl.train.sft import run_sft
+from tests.train.conftest import (
+    assert_generates,
+    metric_steps,
+    metric_values,
+    run_id_of,
+    stage_config,
+)
+
+
+def _sft(data: Path, model: Path, uri: str, *overrides: str, **fields) -> SFTConfig:
+    return stage_config(
+        SFTConfig,
+        f"data.path={data}",
+        f"model.name={model}",
+        f"tracking.tracking_uri={uri}",
+        *overrides,
+        output_dir="sft",
+        **fields,
+    )
+
+
+def test_sft_lowers_the_training_loss_checkpoints_and_logs_eval_loss(
+    arithmetic_data, tiny_model_dir, mlflow_uri
+):
+    # Overfit one fixed batch of 4 examples: the loss must fall, whatever the random init.
+    config = _sft(
+        arithmetic_data,
+        tiny_model_dir,
+        mlflow_uri,
+        "data.max_train_rows=4",
+        "data.max_eval_rows=4",
+        "optimizer.lr=1e-3",
+        "optimizer.warmup_steps=0",
+        "optimizer.schedule=constant",
+        "checkpoint.every=5",
+        steps=15,
+        batch_size=4,
+        eval_every=5,
+        eval_batches=1,
+    )
+    result = run_sft(config)
+
+    assert result.step == 15 and result.skipped_steps == 0
+    run_id = run_id_of(result.final_checkpoint)
+    losses = metric_values(mlflow_uri, run_id, "loss")
+    assert metric_steps(mlflow_uri, run_id, "loss") == list(range(1, 16))
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert max(losses[1:]) < losses[0], losses
+    assert result.train_loss == pytest.approx(losses[-1])
+    assert metric_steps(mlflow_uri, run_id, "eval_loss") == [5, 10, 15]
+    assert result.eval_loss == pytest.approx(metric_values(mlflow_uri, run_id, "eval_loss")[-1])
+    for key in ("grad_norm", "lr", "skipped_steps", "step_seconds"):
+        assert metric_steps(mlflow_uri, run_id, key) == list(range(1, 16)), key
+    assert metric_values(mlflow_uri, run_id, "lr") == pytest.approx([1e-3] * 15)
+
+    run = MlflowClient(mlflow_uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["steps"] == "15"
+    assert run.data.params["optimizer.lr"] == "0.001"
+    assert run.data.params["train_examples"] == "4"
+    assert run.data.tags["llmrl.stage"] == "sft"
+
+    # every 5 steps, the last 2 kept (the best by eval_loss is the newest: the loss falls)
+    checkpoints = Path("sft/checkpoints")
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-000010", "step-000015"]
+    assert result.final_checkpoint == str(checkpoints / "step-000015" / "model")
+    state = json.loads((checkpoints / "step-000015" / "trainer_state.json").read_text())
+    assert state["step"] == 15
+    assert set(state["extra"]) == {"batches", "mlflow_run_id"}
+    assert state["metrics"]["eval_loss"] == pytest.approx(result.eval_loss)
+    assert_generates(result.final_checkpoint)
+
+
+def test_sft_with_lora_saves_a_merged_plain_checkpoint(arithmetic_data, tiny_model_dir, mlflow_uri):
+    config = _sft(
+        arithmetic_data,
+        tiny_model_dir,
+        mlflow_uri,
+        "lora.enabled=true",
+        "lora.r=4",
+        "lora.target_modules=[q_proj, v_proj]",
+        "optimizer.lr=1e-2",
+        "optimizer.warmup_steps=0",
+        "data.max_eval_rows=2",
+        steps=2,
+        batch_size=2,
+    )
+    result = run_sft(config)
+
+    checkpoint = Path(result.final_checkpoint).parent
+    assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
+    assert_generates(result.final_checkpoint)
+    base = load_file(tiny_model_dir / "model.safetensors")
+    merged = load_file(checkpoint / "model" / "model.safetensors")
+    assert set(merged) == set(base)  # a plain Llama: no lora_A / lora_B / base_layer keys
+    for name in base:  # only the adapted projections moved
+        changed = not torch.equal(base[name], merged[name])
+        assert changed == any(proj in name for proj in ("q_proj", "v_proj")), name
+
+
+@pytest.mark.integration
+def test_sft_logs_to_a_real_mlflow_server(arithmetic_data, tiny_model_dir, mlflow_server):
+    config = _sft(
+        arithmetic_data,
+        tiny_model_dir,
+        mlflow_server.uri,
+        "data.max_train_rows=4",
+        "data.max_eval_rows=2",
+        steps=2,
+        batch_size=2,
+        eval_every=1,
+        eval_batches=1,
+    )
+    result = run_sft(config)
+
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(run_id_of(result.final_checkpoint))
+    assert run.info.status == "FINISHED"
+    assert run.data.params["steps"] == "2"
+    for key in ("loss", "eval_loss", "grad_norm", "lr"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == [1, 2], key
+    assert run.data.metrics["loss"] == pytest.approx(result.train_loss)
+    assert any(a.path == "checkpoints" for a in client.list_artifacts(run.info.run_id))
+    assert not Path("spool").exists() or not any(Path("spool").rglob("*.jsonl"))
