@@ -9,7 +9,7 @@
   ``colocated`` group; ``reference`` when dedicated; ``env-workers`` on CPU. ``sft`` gets the
   trainer group only. The entrypoint (the stage's driver, which is the training process) is
   pinned to the trainer group through the custom Ray resource ``llmrl_driver`` and reserves the
-  trainer's GPUs (none when colocated: the engines share them).
+  trainer's GPUs (none for a colocated ``grpo``: the engines share them).
 
 Every object carries the labels of :func:`run_labels`; pods add ``llmrl.io/role`` (``job``,
 ``driver`` for the RayJob's submitter, ``head``, or the worker group's name).
@@ -240,7 +240,8 @@ def build_rayjob_manifest(
             "workerGroupSpecs": groups,
         },
     }
-    if not topology.colocated and topology.trainer.gpus:
+    shared_gpus = topology.colocated and stage == "grpo"  # the engines use the trainer's GPUs
+    if topology.trainer.gpus and not shared_gpus:
         spec["entrypointNumGpus"] = topology.trainer.gpus
     if all_env:
         spec["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(all_env)}, sort_keys=True)

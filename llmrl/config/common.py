@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from llmrl.config.loading import ConfigModel
 
@@ -121,6 +121,24 @@ class StageConfig(ConfigModel):
     output_dir: str = Field("runs/stage", description="where the stage writes its outputs")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow")
     progress: bool = Field(True, description="show a progress bar")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stage_section_defaults(cls, data: Any) -> Any:
+        """A section given in part keeps this stage's own defaults for the rest: in a GRPO
+        config ``optimizer: {lr: 1.0e-5}`` means GRPO's optimizer (constant schedule) with that
+        lr, not :class:`OptimizerConfig`'s generic defaults (cosine)."""
+        if not isinstance(data, dict):
+            return data
+        merged = dict(data)
+        for name, field in cls.model_fields.items():
+            given = data.get(name)
+            if not isinstance(given, dict) or field.default_factory is None:
+                continue
+            default = field.default_factory()
+            if isinstance(default, BaseModel) and default.model_fields_set:
+                merged[name] = {**default.model_dump(include=default.model_fields_set), **given}
+        return merged
 
     @model_validator(mode="after")
     def _checkpoint_dir_under_output(self) -> StageConfig:

@@ -208,7 +208,8 @@ class Tracker:
         """Create (or continue) the run and return its id (None when disabled or unreachable).
 
         When the server does not answer, a warning names the URI and the spool; logging goes on
-        into the spool and the run is created when the server comes back.
+        into the spool and the run is created when the server comes back. The first logging call
+        starts the tracker if this was not called.
         """
         if self.enabled and not self._started:
             self._started = True

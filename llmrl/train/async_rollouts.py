@@ -76,10 +76,13 @@ class AsyncRollouts:
             self.collector.update_policy_weights_(self.trainer_model.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
-        return self.collector.state_dict()
+        """The collector's state, read between batches (never while one is being collected)."""
+        with self._lock:
+            return self.collector.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.collector.load_state_dict(state)
+        with self._lock:
+            self.collector.load_state_dict(state)
 
     def shutdown(self) -> None:
         """Stop the background thread (a batch being collected is finished first)."""

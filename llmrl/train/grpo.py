@@ -19,6 +19,8 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,8 +142,10 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         scale=config.advantage.scale,
         drop_zero_std=config.advantage.drop_zero_std,
     )
+    # optimize() takes updates_per_step passes of ceil(batch / minibatch) optimizer steps
+    minibatches = math.ceil(turns / (config.minibatch_size or turns))
     optimizer, scheduler = build_optimizer(
-        model, config.optimizer, config.steps * config.updates_per_step
+        model, config.optimizer, config.steps * config.updates_per_step * minibatches
     )
     checkpoints = CheckpointManager(
         config.checkpoint.dir,
@@ -155,19 +159,25 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         else None
     )
     start = state.step if state else 0
+    counters = {"skipped_steps": 0, "stale_batches": 0, "dropped_zero_std_groups": 0}
+    reward_history: list[tuple[int, float]] = []
     if state:
         env.primer.load_state_dict(state.extra["primer"])
         rollouts.load_state_dict(state.extra["collector"])
         rollouts.update_policy_weights_()
+        counters.update(state.extra.get("counters", {}))
+        advantage.stats["dropped_zero_std_groups"] = counters["dropped_zero_std_groups"]
+        reward_history = [(int(s), float(r)) for s, r in state.extra.get("reward_history", [])]
         logger.info("resuming GRPO from step %d (%s)", start, checkpoints.latest())
 
-    counters = {"skipped_steps": 0, "stale_batches": 0, "dropped_zero_std_groups": 0}
-    reward_history: list[tuple[int, float]] = []
     last = {"reward_mean": math.nan, "accuracy": math.nan}
     iterator = iter(rollouts)
-    with stage_tracker(
-        "grpo", config, run_id=state.extra.get("mlflow_run_id") if state else None
-    ) as tracker:
+    with (
+        stage_tracker(
+            "grpo", config, run_id=state.extra.get("mlflow_run_id") if state else None
+        ) as tracker,
+        _stopping(rollouts),
+    ):
         tracker.log_params(
             {"dataset.digest": manifest.get("digest"), "train_prompts": len(train_rows)}
         )
@@ -219,6 +229,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
             if done % config.tracking.log_samples_every == 0 or done == start + 1:
                 tracker.log_table(sample_rows(batch), name="samples", step=done)
             if done % config.checkpoint.every == 0 or done == config.steps:
+                collector_state = rollouts.state_dict()
                 path = checkpoints.save(
                     done,
                     model,
@@ -226,15 +237,15 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                     optimizer,
                     scheduler,
                     extra={
-                        "primer": env.primer.state_dict(),
-                        "collector": rollouts.state_dict(),
+                        "primer": collector_state.get("primer") or env.primer.state_dict(),
+                        "collector": collector_state,
+                        "counters": dict(counters),
+                        "reward_history": reward_history,
                         "mlflow_run_id": tracker.run_id,
                     },
                     metrics={"reward_mean": metrics["reward_mean"]},
                 )
                 tracker.log_checkpoint(path, done)
-        if isinstance(rollouts, AsyncRollouts):
-            rollouts.shutdown()
         tracker.log_reward_curve({"reward_mean": reward_history})
         final = checkpoints.latest()
     return GRPOResult(
@@ -246,6 +257,16 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         stale_batches=counters["stale_batches"],
         seconds=time.perf_counter() - started,
     )
+
+
+@contextmanager
+def _stopping(rollouts: LLMCollector | AsyncRollouts) -> Iterator[None]:
+    """Stop an :class:`AsyncRollouts` thread when the loop ends, also on an error."""
+    try:
+        yield
+    finally:
+        if isinstance(rollouts, AsyncRollouts):
+            rollouts.shutdown()
 
 
 def optimize(

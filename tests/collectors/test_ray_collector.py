@@ -5,6 +5,7 @@ actor, which then scores like the trainer."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -25,12 +26,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def local_ray(session_cache):
     """A local Ray with 2 CPUs and no dashboard, shut down after the module."""
+    own_tmp = None if os.environ.get("RAY_TMPDIR") else tempfile.mkdtemp(prefix="ray-")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_AUTH_MODE", "disabled")
-        patch.setenv("RAY_TMPDIR", os.environ.get("RAY_TMPDIR") or tempfile.mkdtemp(prefix="ray-"))
+        if own_tmp is not None:
+            patch.setenv("RAY_TMPDIR", own_tmp)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         yield ray
         ray.shutdown()
+    if own_tmp is not None:
+        shutil.rmtree(own_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

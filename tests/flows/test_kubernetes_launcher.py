@@ -41,9 +41,7 @@ def _settings(**changes) -> KubernetesSettings:
 
 
 def _launcher(fake: FakeKubernetes, **changes) -> KubernetesLauncher:
-    return KubernetesLauncher(
-        _settings(**changes), api_client=fake.api_client(), topology=TOPOLOGY
-    )
+    return KubernetesLauncher(_settings(**changes), api_client=fake.api_client(), topology=TOPOLOGY)
 
 
 @pytest.fixture

@@ -225,6 +225,24 @@ def test_unreachable_at_start_spools_then_flush_spool_replays(
     ]
 
 
+def test_resume_while_unreachable_replays_each_step_once(sqlite_uri: str, tmp_path: Path) -> None:
+    with tracker(sqlite_uri) as first:
+        for step in range(5):
+            first.log_metrics({"loss": float(step)}, step=step)
+    offline = f"http://127.0.0.1:{free_port()}"
+    spool_dir = tmp_path / "spool"
+    t = tracker(offline, run_id=first.run_id, spool_dir=spool_dir, finish_attempts=1)
+    assert t.start() == first.run_id  # the id is known, the steps are not
+    for step in range(3, 8):
+        t.log_metrics({"loss": 10.0 + step}, step=step)
+    t.finish("FAILED")
+    assert (spool_dir / f"{first.run_id}.jsonl").exists()
+    assert flush_spool(spool_dir, sqlite_uri) == 3  # steps 3 and 4 were already in the run
+    history = MlflowClient(sqlite_uri).get_metric_history(first.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(8))
+    assert MlflowClient(sqlite_uri).get_run(first.run_id).info.status == "FAILED"
+
+
 @pytest.mark.integration
 def test_http_server_roundtrip(mlflow_server: MlflowServer) -> None:
     with tracker(mlflow_server.uri) as t:

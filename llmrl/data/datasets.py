@@ -1,0 +1,406 @@
+"""Read dataset rows from JSONL, JSON, Parquet, ``datasets`` directories and hub ids.
+
+Every reader yields ``(row_number, row)`` with 1-based row numbers a user can find in the file
+(for JSONL, the line number), and every problem becomes a :class:`DatasetError` naming the file,
+the row and, where there is one, the field. ``datasets`` is optional: it is imported only for a
+``save_to_disk`` directory or a hub id, and the hub is reached only for an id the caller names.
+
+Example:
+    >>> for row_number, row in read_rows("data/train.jsonl", columns=["question", "answer"]):
+    ...     print(row_number, row["question"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+FILE_FORMATS = (".jsonl", ".json", ".parquet")
+SUPPORTED = (
+    ".jsonl (one JSON object per line), .json (a list of objects), .parquet, "
+    "a datasets save_to_disk directory, or a Hugging Face hub id (owner/name)"
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_CHUNK = 1 << 20
+
+SourceKind = Literal["jsonl", "json", "parquet", "directory", "hub"]
+
+
+class DatasetError(ValueError):
+    """Bad data: the message reads ``<file>: row <n>: field '<name>': <problem>``.
+
+    ``file``, ``row``, ``line`` and ``field`` hold the parts (None where they do not apply; a
+    syntax error has a ``line``, a bad value a ``row``); ``reason`` is a short category
+    (``missing_field``, ``wrong_type``, ...) used to count skipped rows.
+
+    Example:
+        >>> str(DatasetError("expected a string, got int", file="a.jsonl", row=17, field="answer"))
+        "a.jsonl: row 17: field 'answer': expected a string, got int"
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | Path | None = None,
+        row: int | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.file = None if file is None else str(file)
+        self.row = row
+        self.line = line
+        self.field = field
+        self.reason = reason
+        parts = [part for part in (self.file,) if part]
+        if row is not None:
+            parts.append(f"row {row}")
+        if line is not None:
+            parts.append(f"line {line}")
+        if field is not None:
+            parts.append(f"field '{field}'")
+        super().__init__(": ".join([*parts, problem]))
+
+    def __reduce__(self) -> tuple:
+        kwargs = {
+            "file": self.file,
+            "row": self.row,
+            "line": self.line,
+            "field": self.field,
+            "reason": self.reason,
+        }
+        return (_rebuild_dataset_error, (self.problem, kwargs))
+
+
+def _rebuild_dataset_error(problem: str, kwargs: dict[str, Any]) -> DatasetError:
+    return DatasetError(problem, **kwargs)
+
+
+class MissingDatasetsError(ImportError):
+    """Reading a ``datasets`` directory or a hub id needs the ``datasets`` package."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(
+            f"reading {source} (a datasets directory or hub id) needs the 'datasets' package, "
+            "which is not installed. Install it with: pip install datasets"
+        )
+        self.source = source
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.source,))
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A resolved row source: what kind it is and where it lives.
+
+    ``location`` is an absolute path for local sources and the id itself for the hub.
+    """
+
+    kind: SourceKind
+    location: str
+    spec: str
+    """What the user wrote, kept for messages."""
+
+
+def resolve_source(source: str | Path) -> DataSource:
+    """Decide how to read ``source``, without touching the network.
+
+    A string is a hub id only when no such local path exists, it has the ``owner/name`` shape,
+    no file extension we read, and its first component is not an existing local folder (so a
+    mistyped ``data/gsm8k`` is reported as a missing path rather than sent to the hub).
+
+    Raises:
+        DatasetError: the path does not exist or has an unsupported format.
+    """
+    spec = str(source).strip()
+    if not spec:
+        raise DatasetError(f"the data source is empty; expected {SUPPORTED}")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return DataSource("directory", str(path.resolve()), spec)
+    suffix = path.suffix.lower()
+    if path.is_file():
+        if suffix not in FILE_FORMATS:
+            raise DatasetError(
+                f"unsupported data format {suffix or '(no extension)'!r}; supported: {SUPPORTED}",
+                file=spec,
+            )
+        return DataSource(suffix[1:], str(path.resolve()), spec)  # type: ignore[arg-type]
+    first = Path(spec.split("/", 1)[0])
+    local_looking = spec.startswith(("/", ".", "~")) or suffix in FILE_FORMATS or first.is_dir()
+    if not local_looking and _HUB_ID.match(spec):
+        return DataSource("hub", spec, spec)
+    raise DatasetError(f"data source does not exist; expected {SUPPORTED}", file=spec)
+
+
+def read_rows(
+    source: str | Path | DataSource,
+    columns: Sequence[str] | None = None,
+    *,
+    split: str | None = None,
+    subset: str | None = None,
+    revision: str | None = None,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(row_number, row)`` for each row of ``source``, row numbers starting at 1.
+
+    ``columns`` keeps only those keys of each row (absent ones stay absent, so a validator can
+    name them). ``split`` picks a split of a hub id or saved ``DatasetDict`` (required when it
+    has several); ``subset`` and ``revision`` are a hub dataset's config name and revision.
+
+    Raises:
+        DatasetError: unreadable input, naming the file, the line or row, and the problem.
+        MissingDatasetsError: a directory or hub id without the ``datasets`` package.
+    """
+    resolved = source if isinstance(source, DataSource) else resolve_source(source)
+    if resolved.kind in ("directory", "hub"):
+        rows = _read_datasets(resolved, split, subset, revision)
+    else:
+        if split is not None:
+            raise DatasetError(
+                f"split {split!r} given, but a .{resolved.kind} file has no splits; use a "
+                "separate eval source file instead",
+                file=resolved.spec,
+            )
+        readers = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
+        rows = readers[resolved.kind](resolved, columns)
+    for number, row in rows:
+        if columns is not None:
+            row = {name: row[name] for name in columns if name in row}
+        yield number, row
+
+
+def count_rows(source: DataSource) -> int | None:
+    """A cheap row count (non-blank JSONL lines, Parquet metadata), or None when it is not cheap."""
+    if source.kind == "jsonl":
+        count = 0
+        with open(source.location, "rb") as stream:
+            for line in stream:
+                count += bool(line.strip())
+        return count
+    if source.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(source.location).metadata.num_rows
+    return None
+
+
+def fingerprint(source: DataSource, subset: str | None = None, revision: str | None = None) -> str:
+    """sha256 of a local source's bytes (a directory: of its files' names and bytes).
+
+    For a hub id it hashes the id, subset and revision: the content is not known before download,
+    so pin ``revision`` to make the fingerprint stand for fixed data.
+    """
+    digest = hashlib.sha256()
+    if source.kind == "hub":
+        identity = {"hub": source.location, "subset": subset, "revision": revision}
+        digest.update(json.dumps(identity, sort_keys=True).encode())
+        return digest.hexdigest()
+    root = Path(source.location)
+    if not root.is_dir():
+        return sha256_file(root)
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(sha256_file(file).encode())
+    return digest.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_jsonl(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
+    with open(source.location, "rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            text = _decode(raw, source.spec, number, strip_bom=number == 1)
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise DatasetError(
+                    f"invalid JSON: {error.msg} (column {error.colno})",
+                    file=source.spec,
+                    line=number,
+                    reason="invalid_json",
+                ) from None
+            if not isinstance(row, dict):
+                raise DatasetError(
+                    f"expected a JSON object per line, got {_json_kind(row)}",
+                    file=source.spec,
+                    line=number,
+                    reason="not_an_object",
+                )
+            yield number, row
+
+
+def _read_json(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
+    raw = Path(source.location).read_bytes()
+    text = _decode(raw, source.spec, None, strip_bom=True)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DatasetError(
+            f"invalid JSON: {error.msg} (column {error.colno})",
+            file=source.spec,
+            line=error.lineno,
+            reason="invalid_json",
+        ) from None
+    if not isinstance(data, list):
+        raise DatasetError(
+            f"expected a JSON list of objects, got {_json_kind(data)}; a file with one object "
+            "per line should be named .jsonl",
+            file=source.spec,
+            reason="not_a_list",
+        )
+    for number, row in enumerate(data, start=1):
+        if not isinstance(row, dict):
+            raise DatasetError(
+                f"expected a JSON object, got {_json_kind(row)}",
+                file=source.spec,
+                row=number,
+                reason="not_an_object",
+            )
+        yield number, row
+
+
+def _read_parquet(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(source.location)
+    except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for a bad file
+        raise DatasetError(f"not a readable Parquet file ({error})", file=source.spec) from None
+    wanted = None
+    if columns is not None:
+        present = set(parquet.schema_arrow.names)
+        wanted = [name for name in columns if name in present]
+    number = 0
+    for batch in parquet.iter_batches(columns=wanted):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+def require_datasets(source: DataSource) -> None:
+    """Fail early, before any work, when ``source`` needs the missing ``datasets`` package."""
+    if source.kind in ("directory", "hub") and importlib.util.find_spec("datasets") is None:
+        raise MissingDatasetsError(source.spec)
+
+
+def _read_datasets(
+    source: DataSource, split: str | None, subset: str | None, revision: str | None
+) -> Iterator[tuple[int, dict]]:
+    try:
+        import datasets
+    except ImportError:
+        raise MissingDatasetsError(source.spec) from None
+    if source.kind == "directory":
+        try:
+            loaded = datasets.load_from_disk(source.location)
+        except FileNotFoundError as error:
+            raise DatasetError(
+                f"not a datasets save_to_disk directory ({error}); expected {SUPPORTED}",
+                file=source.spec,
+            ) from None
+    else:
+        loaded = datasets.load_dataset(source.location, subset, revision=revision)
+    if isinstance(loaded, (datasets.DatasetDict, dict)):
+        names = sorted(loaded)
+        if split is None and len(names) == 1:
+            split = names[0]
+        if split not in loaded:
+            wanted = "no split was named" if split is None else f"it has no split {split!r}"
+            raise DatasetError(f"{wanted}; its splits are {', '.join(names)}", file=source.spec)
+        loaded = loaded[split]
+    elif split is not None and split != "train":
+        raise DatasetError(
+            f"split {split!r} given, but the dataset has a single split", file=source.spec
+        )
+    for number, row in enumerate(loaded, start=1):
+        yield number, dict(row)
+
+
+def _decode(raw: bytes, file: str, line: int | None, strip_bom: bool) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = line if line is not None else raw[: error.start].count(b"\n") + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
+        raise DatasetError(
+            f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {column} of the line); "
+            "re-encode the file as UTF-8",
+            file=file,
+            line=where,
+            reason="not_utf8",
+        ) from None
+    return text.removeprefix("\ufeff") if strip_bom else text
+
+
+def _json_kind(value: Any) -> str:
+    names = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    if type(value) in names:
+        return names[type(value)]
+    return "a number" if isinstance(value, (int, float)) else type(value).__name__
+
+
+def require_text_fields(
+    row: dict[str, Any],
+    columns: dict[str, str],
+    *,
+    file: str,
+    row_number: int,
+    max_chars: int,
+) -> dict[str, str]:
+    """Check that ``row`` has non-blank string columns; returns them keyed by task field.
+
+    ``columns`` maps each task field to the source column that holds it. The first problem
+    raises a :class:`DatasetError` naming the column, with ``reason`` one of ``missing_field``,
+    ``wrong_type``, ``empty`` or ``too_long``.
+
+    Example:
+        >>> require_text_fields({"q": "2+2?"}, {"question": "q"}, file="a", row_number=1,
+        ...                     max_chars=100)
+        {'question': '2+2?'}
+    """
+    values = {}
+    for field, column in columns.items():
+        if column in row:
+            found = _text_problem(row[column], max_chars)
+        else:
+            present = ", ".join(sorted(map(str, row))[:20]) or "none"
+            found = (f"missing (the row's fields: {present})", "missing_field")
+        if found is not None:
+            problem, reason = found
+            if field != column:
+                problem += f" (task field '{field}'; see `columns`)"
+            raise DatasetError(problem, file=file, row=row_number, field=column, reason=reason)
+        values[field] = row[column]
+    return values
+
+
+def _text_problem(value: Any, max_chars: int) -> tuple[str, str] | None:
+    """What is wrong with a text value, as (problem, reason), or None when it is fine."""
+    if not isinstance(value, str):
+        kind = "null" if value is None else type(value).__name__
+        return f"expected a string, got {kind}", "wrong_type"
+    if not value:
+        return "empty string", "empty"
+    if not value.strip():
+        return "whitespace only", "empty"
+    if len(value) > max_chars:
+        return f"{len(value)} characters, over the limit of {max_chars} (max_row_chars)", "too_long"
+    return None

@@ -1,0 +1,245 @@
+"""Every manifest the Kubernetes launcher builds, checked against Kubernetes' and KubeRay's schemas.
+
+Jobs and ConfigMaps go through kubernetes-validate (strict: unknown fields fail); the RayJob
+through tests/flows/schemas/rayjob-ray.io-v1.json, and each of its pod templates (head, worker
+groups, submitter) through kubernetes-validate as a ``v1 PodTemplate``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from flows.launchers.manifests import (
+    DRIVER_RESOURCE,
+    KubernetesSettings,
+    build_config_map,
+    build_job_manifest,
+    build_rayjob_manifest,
+    resource_name,
+)
+from llmrl.topology import (
+    EnvWorkerSpec,
+    InferenceSpec,
+    ReferenceSpec,
+    SchedulingSpec,
+    Topology,
+    TrainerSpec,
+)
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+K8S_VERSION = "1.30.0"
+SCHEMA = json.loads((Path(__file__).parent / "schemas" / "rayjob-ray.io-v1.json").read_text())
+REPO = Path(__file__).resolve().parents[2]
+GPU_NODES = SchedulingSpec(
+    node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+)
+CPU_NODES = SchedulingSpec(node_selector={"node-pool": "cpu"})
+
+TOPOLOGIES = {
+    "chart-default": Topology.model_validate(
+        yaml.safe_load((REPO / "helm/llmrl/values.yaml").read_text())["topology"]
+    ),
+    "split": Topology(
+        inference=InferenceSpec(engines=4, tensor_parallel_size=2, scheduling=GPU_NODES),
+        trainer=TrainerSpec(gpus=8, strategy="fsdp", scheduling=GPU_NODES),
+        reference=ReferenceSpec(placement="dedicated", gpus=1),
+        env_workers=EnvWorkerSpec(count=8, cpus_each=2, memory_gb=4, scheduling=CPU_NODES),
+    ),
+    "colocated": Topology(
+        inference=InferenceSpec(engines=2, tensor_parallel_size=2, gpu_memory_utilization=0.4),
+        trainer=TrainerSpec(gpus=4, strategy="fsdp"),
+        colocated=True,
+    ),
+    "cpu": Topology.local_default(),
+}
+SETTINGS = KubernetesSettings(
+    namespace="llmrl",
+    image="ghcr.io/llmrl/llmrl:0.1.0",
+    service_account="llmrl-stages",
+    active_deadline_seconds=86400,
+    env={"HF_HUB_OFFLINE": "1"},
+)
+ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_PARENT_RUN_ID": "abc123"}
+
+
+def _valid(manifest: dict[str, Any]) -> None:
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def _pod_templates(rayjob: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = {"head": cluster["headGroupSpec"]["template"]}
+    templates.update({g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]})
+    templates["submitter"] = rayjob["spec"]["submitterPodTemplate"]
+    return templates
+
+
+def _gpus(template: dict[str, Any]) -> int:
+    limits = template["spec"]["containers"][0]["resources"]["limits"]
+    return int(limits.get("nvidia.com/gpu", 0))
+
+
+def test_resource_names_are_short_unique_dns_labels() -> None:
+    names = {resource_name("Eval_Base after SFT!") for _ in range(20)}
+    assert len(names) == 20
+    for name in names:
+        assert name.startswith("llmrl-eval-base-after-sft-")
+        assert len(name) <= 47
+        jsonschema.validate(name, SCHEMA["$defs"]["dnsLabel"])
+
+
+def test_config_map_is_valid() -> None:
+    config_map = build_config_map("llmrl-sft-0a1b2c", "llmrl", "sft", "steps: 20\n")
+    _valid(config_map)
+    assert config_map["data"] == {"sft.yaml": "steps: 20\n"}
+
+
+@pytest.mark.parametrize("stage", ["prepare", "eval"])
+@pytest.mark.parametrize("with_config", [True, False])
+def test_job_manifests_are_valid(stage: str, with_config: bool) -> None:
+    name = resource_name(stage)
+    topology = TOPOLOGIES["split"]
+    job = build_job_manifest(
+        stage,
+        name,
+        SETTINGS,
+        overrides=["label=base", "data.path=/shared/data/x y"],
+        env=ENV,
+        config_map=name if with_config else None,
+        scheduling=topology.trainer.scheduling if stage == "eval" else CPU_NODES,
+    )
+    _valid(job)
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0  # retries are the flow's decision
+    assert spec["ttlSecondsAfterFinished"] == SETTINGS.ttl_seconds_after_finished
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == "llmrl-stages"
+    container = pod["containers"][0]
+    assert container["image"] == "ghcr.io/llmrl/llmrl:0.1.0"
+    assert container["command"][:2] == ["llmrl", stage]
+    assert container["command"][-2:] == ["--set", "data.path=/shared/data/x y"]
+    assert ("--config" in container["command"]) is with_config
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {**SETTINGS.env, **ENV}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/shared" in mounts and ("/etc/llmrl" in mounts) is with_config
+    if stage == "eval":  # a GPU job on the trainer's nodes
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert pod["nodeSelector"] == GPU_NODES.node_selector
+        assert pod["tolerations"] == GPU_NODES.tolerations
+    else:
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+        assert pod["nodeSelector"] == {"node-pool": "cpu"}
+
+
+@pytest.mark.parametrize("topology_name", sorted(TOPOLOGIES))
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_rayjob_manifests_match_the_schemas(stage: str, topology_name: str) -> None:
+    name = resource_name(stage)
+    rayjob = build_rayjob_manifest(
+        stage,
+        name,
+        SETTINGS,
+        TOPOLOGIES[topology_name],
+        overrides=["steps=2", "data.path=/shared/data/a b"],
+        env=ENV,
+        config_map=name,
+    )
+    jsonschema.validate(rayjob, SCHEMA)
+    for role, template in _pod_templates(rayjob).items():
+        pod_template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"{name}-{role}"},
+            "template": template,
+        }
+        _valid(pod_template)
+
+
+def test_rayjob_layout_follows_the_topology() -> None:
+    topology = TOPOLOGIES["split"]
+    rayjob = build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", SETTINGS, topology, env=ENV,
+                                   config_map="llmrl-grpo-0a1b2c")  # fmt: skip
+    spec = rayjob["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] == SETTINGS.ttl_seconds_after_finished
+    assert spec["activeDeadlineSeconds"] == 86400
+    assert shlex.split(spec["entrypoint"]) == [
+        "llmrl", "grpo", "--config", "/etc/llmrl/grpo.yaml", "--no-progress"
+    ]  # fmt: skip
+    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"env_vars": {**SETTINGS.env, **ENV}}
+    cluster = spec["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    templates = _pod_templates(rayjob)
+    assert _gpus(templates["head"]) == 0
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    assert list(groups) == ["inference", "trainer", "reference", "env-workers"]
+    assert groups["inference"]["replicas"] == 4
+    assert _gpus(groups["inference"]["template"]) == 2  # = tensor_parallel_size
+    assert _gpus(groups["trainer"]["template"]) == 8
+    assert _gpus(groups["reference"]["template"]) == 1
+    assert groups["env-workers"]["replicas"] == 8
+    assert _gpus(groups["env-workers"]["template"]) == 0
+    workers = groups["env-workers"]["template"]["spec"]
+    assert workers["containers"][0]["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    assert workers["nodeSelector"] == {"node-pool": "cpu"}
+    for group in ("inference", "trainer"):
+        pod = groups[group]["template"]["spec"]
+        assert pod["nodeSelector"] == GPU_NODES.node_selector
+        assert pod["tolerations"] == GPU_NODES.tolerations
+    # The driver (the training process) lands on the trainer group with the trainer's GPUs.
+    assert json.loads(spec["entrypointResources"]) == {DRIVER_RESOURCE: 1}
+    assert DRIVER_RESOURCE in groups["trainer"]["rayStartParams"]["resources"]
+    assert "resources" not in groups["inference"]["rayStartParams"]
+    assert spec["entrypointNumGpus"] == 8
+    # Every Ray pod sees the stage config and the shared volume.
+    for template in templates.values():
+        labels = template["metadata"]["labels"]
+        assert labels["llmrl.io/run"] == "llmrl-grpo-0a1b2c"
+    for role in ("head", "inference", "trainer", "env-workers"):
+        mounts = {m["mountPath"] for m in templates[role]["spec"]["containers"][0]["volumeMounts"]}
+        assert {"/etc/llmrl", "/shared", "/dev/shm"} <= mounts
+    assert templates["submitter"]["metadata"]["labels"]["llmrl.io/role"] == "driver"
+
+
+def test_sft_gets_only_the_trainer_and_colocated_grpo_one_group() -> None:
+    sft = build_rayjob_manifest("sft", "llmrl-sft-0a1b2c", SETTINGS, TOPOLOGIES["split"])
+    groups = [g["groupName"] for g in sft["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+    assert groups == ["trainer"]
+    colocated = build_rayjob_manifest(
+        "grpo", "llmrl-grpo-0a1b2c", SETTINGS, TOPOLOGIES["colocated"]
+    )
+    group, workers = colocated["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert (group["groupName"], workers["groupName"]) == ("colocated", "env-workers")
+    assert _gpus(group["template"]) == 4
+    assert "entrypointNumGpus" not in colocated["spec"]  # the engines share those GPUs
+    colocated_sft = build_rayjob_manifest(
+        "sft", "llmrl-sft-0a1b2c", SETTINGS, TOPOLOGIES["colocated"]
+    )
+    assert colocated_sft["spec"]["entrypointNumGpus"] == 4  # no engines: the trainer's GPUs
+    cpu = build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", SETTINGS, TOPOLOGIES["cpu"])
+    for template in _pod_templates(cpu).values():
+        assert _gpus(template) == 0
+    assert "entrypointNumGpus" not in cpu["spec"]
+
+
+def test_an_invalid_manifest_is_caught_by_the_schemas() -> None:
+    """The schemas bite: a misspelt field fails (so the passing tests above mean something)."""
+    rayjob = build_rayjob_manifest("sft", "llmrl-sft-0a1b2c", SETTINGS, TOPOLOGIES["split"])
+    rayjob["spec"]["shutdownAfterJobFinish"] = rayjob["spec"].pop("shutdownAfterJobFinishes")
+    with pytest.raises(jsonschema.ValidationError, match="shutdownAfterJobFinish"):
+        jsonschema.validate(rayjob, SCHEMA)
+    job = build_job_manifest("eval", "llmrl-eval-0a1b2c", SETTINGS)
+    job["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _valid(job)
