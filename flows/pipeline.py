@@ -316,6 +316,16 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(error, TransientStageError)
 
 
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store
+    (``<db folder>/mlruns/<experiment>``), not in the working directory as MLflow would; None
+    (the server's default) for other stores."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    return str(Path(uri.removeprefix(prefix)).resolve().parent / "mlruns" / experiment)
+
+
 def _mlflow_client(uri: str) -> Any:
     if uri.startswith(("http://", "https://")):  # fail within seconds, the task retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -336,7 +346,8 @@ def open_tracking(params: PipelineParams) -> Tracking:
         client = _mlflow_client(uri)
         experiment = client.get_experiment_by_name(params.experiment)
         if experiment is None:
-            experiment_id = client.create_experiment(params.experiment)
+            location = artifact_location(uri, params.experiment)
+            experiment_id = client.create_experiment(params.experiment, location)
         else:
             experiment_id = experiment.experiment_id
         tags = {
@@ -496,12 +507,24 @@ def pipeline(params: PipelineParams = PipelineParams()) -> dict[str, Any]:  # no
             records[name] = stage(plan_stage(params, name, records), launcher, env, tracking)
             progress.update(f"{name} {records[name]['status']}", finished=True)
         summary = summarize(params, tracking, records)
-    except BaseException:
-        progress.update(f"failed at {current}")
-        close_tracking(tracking, "FAILED")
+    except BaseException as error:
+        _record_failure(progress, tracking, current, error)
         raise
     close_tracking(tracking, "FINISHED", summary["metrics"])
     return summary
+
+
+def _record_failure(
+    progress: _Progress, tracking: Tracking, stage: str, error: BaseException
+) -> None:
+    """Mark the progress artifact and the MLflow parent run failed (best effort: the stage's
+    own error is what the flow must report)."""
+    status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+    try:
+        progress.update(f"failed at {stage}: {type(error).__name__}")
+        close_tracking(tracking, status)
+    except Exception as problem:
+        get_run_logger().warning("could not record the failure of %s: %s", stage, problem)
 
 
 def given_result(name: str, path: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import threading
 import time
@@ -235,22 +236,9 @@ class KubernetesLauncher:
 
     @property
     def topology(self) -> Topology:
-        """The topology RayJobs are built from."""
+        """The topology RayJobs are built from (see :func:`load_topology`)."""
         if self._topology is None:
-            from llmrl.config import load_config
-            from llmrl.topology import Topology
-
-            path = self.settings.topology
-            if path and Path(path).is_file():
-                data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-                if isinstance(data, dict) and isinstance(data.get("topology"), dict):
-                    self._topology = Topology.model_validate(data["topology"])  # values file
-                else:
-                    self._topology = load_config(Topology, path)
-            elif path:
-                raise StageConfigError("topology", f"{path}: topology file does not exist")
-            else:
-                self._topology = Topology()
+            self._topology = load_topology(self.settings.topology)
         return self._topology
 
     def _job_scheduling(self, stage: str) -> SchedulingSpec | None:
@@ -271,9 +259,43 @@ class KubernetesLauncher:
             try:
                 config.load_incluster_config()
             except config.ConfigException:
-                config.load_kube_config()
+                try:
+                    config.load_kube_config()
+                except (config.ConfigException, OSError) as error:
+                    raise StageFailedError(
+                        "kubernetes",
+                        f"no cluster to talk to: not in a pod, and no usable kubeconfig ({error})",
+                    ) from None
             self._api_client = client.ApiClient()
         return self._api_client
+
+
+def load_topology(path: str | None) -> Topology:
+    """The :class:`~llmrl.topology.Topology` in ``path`` (a topology YAML, or a Helm values file
+    with a ``topology`` section); without a path, ``$LLMRL_TOPOLOGY`` if that file exists (the
+    work pool mounts the chart's topology ConfigMap there), else ``Topology()``.
+
+    Raises:
+        StageConfigError: the file is missing or is not a valid topology.
+    """
+    from pydantic import ValidationError
+
+    from llmrl.config import ConfigError, load_config
+    from llmrl.topology import Topology
+
+    if not path:
+        path = os.environ.get("LLMRL_TOPOLOGY")
+        if not path or not Path(path).is_file():
+            return Topology()
+    if not Path(path).is_file():
+        raise StageConfigError("topology", f"{path}: topology file does not exist")
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("topology"), dict):
+            return Topology.model_validate(data["topology"])
+        return load_config(Topology, path)
+    except (ConfigError, ValidationError, yaml.YAMLError) as error:
+        raise StageConfigError("topology", f"{path}: {error}") from None
 
 
 class _Run:

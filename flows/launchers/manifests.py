@@ -65,8 +65,9 @@ class KubernetesSettings(BaseModel):
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
     topology: str | None = Field(
         None,
-        description="YAML file of an llmrl Topology (e.g. the chart's topology ConfigMap mounted "
-        "at /etc/llmrl/topology/topology.yaml); empty: the Topology defaults",
+        description="YAML file of an llmrl Topology (or a Helm values file with a `topology` "
+        "section); empty: $LLMRL_TOPOLOGY if that file exists (the work pool mounts the chart's "
+        "topology ConfigMap at /etc/llmrl/topology/topology.yaml), else the Topology defaults",
     )
     service_account: str | None = Field(None, description="service account of the stage pods")
     shared_claim: str | None = Field(

@@ -95,6 +95,11 @@ class TrackingConfig(ConfigModel):
     log_samples_every: int = Field(
         10, ge=1, description="log a table of sample generations every this many steps"
     )
+    log_checkpoint_files: bool = Field(
+        True,
+        description="upload each checkpoint (weights and optimizer state) as MLflow artifacts; "
+        "false: record its local path as a tag only (large models)",
+    )
 
 
 class GenerationSettings(ConfigModel):

@@ -1,15 +1,16 @@
 """`AsyncRollouts`: keep sampling in a background thread while the trainer learns.
 
 The collector runs in its own thread with its own copy of the weights and hands finished batches
-over through a small queue (``prefetch`` batches). ``update_policy_weights_`` copies the
-trainer's weights into the sampler between two batches (never in the middle of one: a lock
-guards both) and bumps the policy version, so every batch says which weights produced it and the
-trainer can drop batches that are too stale.
+over through a queue. It starts a batch only while fewer than ``prefetch`` batches are ahead of
+the trainer (queued or being collected), so a batch is at most ``prefetch`` policy versions old
+when the trainer takes it. ``update_policy_weights_`` copies the trainer's weights into the
+sampler between two batches (never in the middle of one: a lock guards both) and bumps the
+policy version, so every batch says which weights produced it and the trainer can drop batches
+that are too stale.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -30,7 +31,8 @@ class AsyncRollouts:
     def __init__(self, collector: Any, trainer_model: torch.nn.Module, prefetch: int = 1) -> None:
         self.collector = collector
         self.trainer_model = trainer_model
-        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self._queue: queue.Queue = queue.Queue()
+        self._ahead = threading.Semaphore(prefetch)  # batches the trainer has not taken yet
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -42,6 +44,8 @@ class AsyncRollouts:
     def _run(self) -> None:
         batches = iter(self.collector)
         while not self._stop.is_set():
+            if not self._ahead.acquire(timeout=0.1):  # `prefetch` batches already ahead
+                continue
             try:
                 with self._lock:
                     batch = next(batches)
@@ -50,12 +54,7 @@ class AsyncRollouts:
             except BaseException as error:  # handed to the trainer, which re-raises it
                 self._queue.put(error)
                 return
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(batch, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            self._queue.put(batch)
         self._queue.put(_DONE)
 
     def __iter__(self) -> Iterator[TensorDictBase]:
@@ -68,6 +67,7 @@ class AsyncRollouts:
                 return
             if isinstance(item, BaseException):
                 raise item
+            self._ahead.release()  # taken: the collector may start the next one
             yield item
 
     def update_policy_weights_(self) -> None:
@@ -87,7 +87,5 @@ class AsyncRollouts:
     def shutdown(self) -> None:
         """Stop the background thread (a batch being collected is finished first)."""
         self._stop.set()
-        while self._thread is not None and self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):  # unblock a producer waiting on a full queue
-                self._queue.get(timeout=0.1)
-            self._thread.join(timeout=0.1)
+        if self._thread is not None:
+            self._thread.join()

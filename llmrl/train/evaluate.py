@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from llmrl.config.evaluate import EvalConfig
+from llmrl.config.loading import ConfigError
 from llmrl.data.non_tensor import as_list
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
@@ -84,7 +85,7 @@ def evaluate(config: EvalConfig) -> EvalReport:
     _, problems = load_prepared(config.data.path)
     problems = problems[: config.data.max_eval_rows]
     if not problems:
-        raise ValueError(f"{config.data.path}: the eval split is empty; nothing to evaluate")
+        raise ConfigError([f"data.path: {config.data.path}: the eval split is empty"])
     tokenizer = load_tokenizer(config.model.spec)
     model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
     logger.info("Evaluating %s on %d %s problems", config.model.spec, len(problems), task.name)

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from llmrl.collectors import InProcessWeightUpdater, LLMCollector
 from llmrl.config.grpo import GRPOConfig
+from llmrl.config.loading import ConfigError
 from llmrl.data.non_tensor import as_list
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
@@ -78,6 +79,8 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     task, manifest = prepared_task(config.data.path)
     train_rows, _ = load_prepared(config.data.path)
     train_rows = train_rows[: config.data.max_train_rows]
+    if not train_rows:
+        raise ConfigError([f"data.path: {config.data.path}: the train split is empty"])
     tokenizer = load_tokenizer(config.model.spec)
     model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
     model = apply_lora(model, config.lora)
@@ -163,8 +166,9 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     reward_history: list[tuple[int, float]] = []
     if state:
         env.primer.load_state_dict(state.extra["primer"])
-        rollouts.load_state_dict(state.extra["collector"])
-        rollouts.update_policy_weights_()
+        rollouts.load_state_dict(state.extra["collector"])  # with the policy version
+        if sampler.model is not model:  # async: its copy predates the checkpoint's weights
+            sampler.model.load_state_dict(model.state_dict())
         counters.update(state.extra.get("counters", {}))
         advantage.stats["dropped_zero_std_groups"] = counters["dropped_zero_std_groups"]
         reward_history = [(int(s), float(r)) for s, r in state.extra.get("reward_history", [])]

@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict
 from tqdm import tqdm
 
+from llmrl.config.loading import ConfigError
 from llmrl.config.sft import SFTConfig
 from llmrl.data import ChatHistory, History
 from llmrl.data.prepare import load_prepared
@@ -54,7 +55,9 @@ def chat_examples(problems: list[Problem], task: Task) -> list[list[dict]]:
     """SFT chats: system (the task's answer format), user (the problem), assistant (target)."""
     usable = [p for p in problems if p.sft_target]
     if not usable:
-        raise ValueError("no problem has an sft_target: this dataset cannot be used for SFT")
+        raise ConfigError(
+            ["data.path: no problem has an sft_target: this dataset cannot be used for SFT"]
+        )
     return [
         [
             {"role": "system", "content": task.instructions},
@@ -118,7 +121,7 @@ def _fits(chats: list[list[dict]], tokenizer, max_length: int) -> list[list[dict
             "dropped %d examples longer than %d tokens", len(chats) - len(kept), max_length
         )
     if not kept:
-        raise ValueError(f"every example is longer than max_length={max_length} tokens")
+        raise ConfigError([f"max_length: every example is longer than {max_length} tokens"])
     return kept
 
 
@@ -162,7 +165,8 @@ def run_sft(config: SFTConfig) -> SFTResult:
         logger.info("resuming SFT from step %d (%s)", start, checkpoints.latest())
     run_id = state.extra.get("mlflow_run_id") if state else None
 
-    skipped, train_loss, eval_loss = 0, math.nan, None
+    skipped = state.extra.get("skipped_steps", 0) if state else 0
+    train_loss, eval_loss = math.nan, None
     with stage_tracker("sft", config, run_id=run_id) as tracker:
         tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
         bar = tqdm(
@@ -210,7 +214,11 @@ def run_sft(config: SFTConfig) -> SFTResult:
                     tokenizer,
                     optimizer,
                     scheduler,
-                    extra={"batches": batches.state_dict(), "mlflow_run_id": tracker.run_id},
+                    extra={
+                        "batches": batches.state_dict(),
+                        "skipped_steps": skipped,
+                        "mlflow_run_id": tracker.run_id,
+                    },
                     metrics={"eval_loss": eval_loss if eval_loss is not None else total},
                 )
                 tracker.log_checkpoint(path, done)

@@ -13,15 +13,21 @@ from typing import Any
 import torch
 
 from llmrl.config.common import StageConfig
+from llmrl.config.loading import ConfigError
 from llmrl.envs.tasks import Task, make_task
 
 
 def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
-    """The task a prepared dataset was made for (with its generator options) and its manifest."""
+    """The task a prepared dataset was made for (with its generator options) and its manifest.
+
+    Raises:
+        ConfigError: ``path`` is not a prepared dataset (a user error: the CLI exits 2).
+    """
     manifest_path = Path(path) / "manifest.json"
     if not manifest_path.is_file():
-        raise FileNotFoundError(
-            f"{path}: not a prepared dataset (no manifest.json); run `llmrl prepare` first"
+        what = "does not exist" if not Path(path).exists() else "has no manifest.json"
+        raise ConfigError(
+            [f"data.path: {path} {what}: not a prepared dataset; run `llmrl prepare` first"]
         )
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     generated = manifest.get("generated") or {}
@@ -50,6 +56,7 @@ def stage_tracker(stage: str, config: StageConfig, run_id: str | None = None) ->
         parent_run_id=settings.parent_run_id,
         run_id=run_id,
         enabled=settings.enabled,
+        log_checkpoint_files=settings.log_checkpoint_files,
     )
     with tracker:
         tracker.log_params(config.model_dump(mode="json"))

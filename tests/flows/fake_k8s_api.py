@@ -135,9 +135,9 @@ class FakeKubernetes:
             for key, other in list(self.objects.items()):
                 labels = other["metadata"].get("labels") or {}
                 owners = other["metadata"].get("ownerReferences") or []
-                if labels.get("llmrl.io/run") == name and key[0] == "pods":
-                    self.objects.pop(key)
-                elif any(owner.get("uid") == uid for owner in owners):
+                if (labels.get("llmrl.io/run") == name and key[0] == "pods") or any(
+                    owner.get("uid") == uid for owner in owners
+                ):
                     self.objects.pop(key)
         self._bump(obj)
         return obj

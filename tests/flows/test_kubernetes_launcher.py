@@ -99,9 +99,8 @@ def test_rayjob_stage_runs_to_success_and_reads_the_driver_log() -> None:
 
 
 def test_oom_killed_pod_fails_with_its_reason_and_is_deleted(config_file) -> None:
-    with FakeKubernetes("oom") as fake:
-        with pytest.raises(StageFailedError) as caught:
-            _launcher(fake).run("eval", config_file, [], {}, name="eval-sft")
+    with FakeKubernetes("oom") as fake, pytest.raises(StageFailedError) as caught:
+        _launcher(fake).run("eval", config_file, [], {}, name="eval-sft")
     message = str(caught.value)
     assert "OOMKilled" in message
     assert "exit code 137" in message
@@ -112,17 +111,15 @@ def test_oom_killed_pod_fails_with_its_reason_and_is_deleted(config_file) -> Non
 
 
 def test_oom_killed_ray_worker_fails_the_rayjob() -> None:
-    with FakeKubernetes("oom") as fake:
-        with pytest.raises(StageFailedError, match="OOMKilled"):
-            _launcher(fake).run("grpo", None, [], {})
+    with FakeKubernetes("oom") as fake, pytest.raises(StageFailedError, match="OOMKilled"):
+        _launcher(fake).run("grpo", None, [], {})
     name = fake.created[0]["metadata"]["name"]
     assert f"/apis/ray.io/v1/namespaces/llmrl/rayjobs/{name}" in fake.deletes()
 
 
 def test_unschedulable_pod_fails_with_the_scheduler_message() -> None:
-    with FakeKubernetes("unschedulable") as fake:
-        with pytest.raises(StageFailedError) as caught:
-            _launcher(fake).run("grpo", None, [], {})
+    with FakeKubernetes("unschedulable") as fake, pytest.raises(StageFailedError) as caught:
+        _launcher(fake).run("grpo", None, [], {})
     message = str(caught.value)
     assert "Unschedulable" in message
     assert "Insufficient nvidia.com/gpu" in message
@@ -139,32 +136,28 @@ def test_unschedulable_is_tolerated_for_the_configured_time() -> None:
 
 
 def test_image_pull_backoff_fails_fast_with_its_reason() -> None:
-    with FakeKubernetes("imagepull") as fake:
-        with pytest.raises(StageFailedError) as caught:
-            _launcher(fake).run("prepare", None, [], {})
+    with FakeKubernetes("imagepull") as fake, pytest.raises(StageFailedError) as caught:
+        _launcher(fake).run("prepare", None, [], {})
     assert "ImagePullBackOff" in str(caught.value)
     assert 'Back-off pulling image "llmrl:missing"' in str(caught.value)
 
 
 def test_exit_code_2_is_a_config_error_for_jobs_and_rayjobs(config_file) -> None:
     for stage in ("eval", "sft"):
-        with FakeKubernetes("config_error") as fake:
-            with pytest.raises(StageConfigError) as caught:
-                _launcher(fake).run(stage, config_file, ["max_new_tokens=0"], {})
+        with FakeKubernetes("config_error") as fake, pytest.raises(StageConfigError) as caught:
+            _launcher(fake).run(stage, config_file, ["max_new_tokens=0"], {})
         assert "max_new_tokens: Input should be greater than or equal to 1" in str(caught.value)
 
 
 def test_failures_can_keep_their_resources_for_inspection() -> None:
-    with FakeKubernetes("oom") as fake:
-        with pytest.raises(StageFailedError):
-            _launcher(fake, delete_on_failure=False).run("prepare", None, [], {})
+    with FakeKubernetes("oom") as fake, pytest.raises(StageFailedError):
+        _launcher(fake, delete_on_failure=False).run("prepare", None, [], {})
     assert fake.deletes() == []
 
 
 def test_api_errors_are_transient_and_leave_nothing_behind(config_file) -> None:
-    with FakeKubernetes("api_error") as fake:
-        with pytest.raises(TransientStageError, match="503"):
-            _launcher(fake).run("sft", config_file, [], {})
+    with FakeKubernetes("api_error") as fake, pytest.raises(TransientStageError, match="503"):
+        _launcher(fake).run("sft", config_file, [], {})
     name = fake.created[0]["metadata"]["name"]  # the config map was created first
     assert fake.deletes() == [f"/api/v1/namespaces/llmrl/configmaps/{name}"]
 
@@ -203,3 +196,25 @@ def test_cancellation_deletes_what_was_created(stage: str, config_file) -> None:
             [f"/{kind}/{name}", f"/api/v1/namespaces/llmrl/configmaps/{name}"]
         )
         assert fake.pods() == []  # the fake's garbage collection removed the pods
+
+
+def test_topology_comes_from_a_file_the_environment_or_the_defaults(tmp_path, monkeypatch) -> None:
+    from flows.launchers.kubernetes import load_topology
+
+    monkeypatch.delenv("LLMRL_TOPOLOGY", raising=False)
+    assert load_topology(None) == Topology()
+    plain = tmp_path / "topology.yaml"
+    plain.write_text("trainer: {gpus: 2, strategy: ddp}\n", encoding="utf-8")
+    assert load_topology(str(plain)).trainer.gpus == 2
+    values = tmp_path / "values.yaml"  # a Helm values file
+    values.write_text("image: {repository: x}\ntopology:\n  env_workers: {count: 7}\n")
+    assert load_topology(str(values)).env_workers.count == 7
+    monkeypatch.setenv("LLMRL_TOPOLOGY", str(plain))  # the work pool's mounted ConfigMap
+    assert load_topology(None).trainer.strategy == "ddp"
+    monkeypatch.setenv("LLMRL_TOPOLOGY", str(tmp_path / "not-mounted.yaml"))
+    assert load_topology(None) == Topology()
+    with pytest.raises(StageConfigError, match="does not exist"):
+        load_topology(str(tmp_path / "missing.yaml"))
+    plain.write_text("trainer: {gpus: 2, strategy: single}\n", encoding="utf-8")
+    with pytest.raises(StageConfigError, match=r"trainer\.gpus"):
+        load_topology(str(plain))

@@ -15,7 +15,9 @@ from flows.pipeline import (
     PipelineParams,
     StageStore,
     Tracking,
+    artifact_location,
     build_summary,
+    given_result,
     plan_stage,
     render_markdown,
     retry_transient,
@@ -207,5 +209,24 @@ def test_command_line_becomes_params() -> None:
         "grpo": ["steps=2"],
     }
     assert params.skip == ["eval-base"]
-    with pytest.raises(SystemExit, match="STAGE.KEY=VALUE"):
+    with pytest.raises(SystemExit, match=r"STAGE\.KEY=VALUE"):
         params_from_args(build_parser().parse_args(["--set", "steps=5"]))
+
+
+def test_artifacts_of_a_sqlite_store_stay_beside_it(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert artifact_location(uri, "llmrl") == str(tmp_path / "mlruns" / "llmrl")
+    assert artifact_location("http://mlflow:5000", "llmrl") is None
+
+
+def test_start_from_replaces_a_stage_with_a_path(params, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt" / "model"
+    checkpoint.mkdir(parents=True)
+    record = given_result("sft", str(checkpoint))
+    assert record["summary"] == {"final_checkpoint": str(checkpoint)}
+    assert record["status"] == "given"
+    grpo = plan_stage(params, "grpo", {**PREPARED, "sft": record})
+    assert f"model.checkpoint={checkpoint}" in grpo.overrides
+    assert given_result("prepare", str(tmp_path))["summary"] == {"path": str(tmp_path)}
+    with pytest.raises(StageFailedError, match="does not exist"):
+        given_result("grpo", str(tmp_path / "missing"))

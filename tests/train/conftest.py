@@ -90,12 +90,17 @@ def metric_values(uri: str, run_id: str, key: str) -> list[float]:
     return [m.value for m in sorted(history, key=lambda m: m.step)]
 
 
-def run_id_of(checkpoint: str | Path) -> str:
-    """The MLflow run id a stage stored in a checkpoint (``<ckpt>`` or ``<ckpt>/model``)."""
+def trainer_state(checkpoint: str | Path) -> dict:
+    """A checkpoint's ``trainer_state.json`` (``<ckpt>`` or ``<ckpt>/model``)."""
     folder = Path(checkpoint)
     if folder.name == "model":
         folder = folder.parent
-    return json.loads((folder / "trainer_state.json").read_text())["extra"]["mlflow_run_id"]
+    return json.loads((folder / "trainer_state.json").read_text())
+
+
+def run_id_of(checkpoint: str | Path) -> str:
+    """The MLflow run id a stage stored in a checkpoint (``<ckpt>`` or ``<ckpt>/model``)."""
+    return trainer_state(checkpoint)["extra"]["mlflow_run_id"]
 
 
 def artifact_paths(uri: str, run_id: str, path: str | None = None) -> list[str]:

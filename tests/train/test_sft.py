@@ -80,7 +80,7 @@ def test_sft_lowers_the_training_loss_checkpoints_and_logs_eval_loss(
     assert result.final_checkpoint == str(checkpoints / "step-000015" / "model")
     state = json.loads((checkpoints / "step-000015" / "trainer_state.json").read_text())
     assert state["step"] == 15
-    assert set(state["extra"]) == {"batches", "mlflow_run_id"}
+    assert set(state["extra"]) == {"batches", "skipped_steps", "mlflow_run_id"}
     assert state["metrics"]["eval_loss"] == pytest.approx(result.eval_loss)
     assert_generates(result.final_checkpoint)
 

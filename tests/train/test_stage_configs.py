@@ -1,0 +1,167 @@
+"""Stage configs: defaults, YAML files, and config errors through the CLI (one message, exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmrl.cli import main
+from llmrl.config import ConfigError, load_config
+from llmrl.config.evaluate import EvalConfig
+from llmrl.config.grpo import GRPOConfig
+from llmrl.config.sft import SFTConfig
+from llmrl.train.stages import STAGES
+from tests.train.conftest import REPO, run_cli
+
+
+def _fails(capsys: pytest.CaptureFixture, *args: str) -> str:
+    """Run ``llmrl ARGS`` in this process; it must exit 2. Returns its stderr."""
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo", "eval"])
+def test_unknown_key_is_named(capsys, stage):
+    err = _fails(capsys, stage, "--set", "data.path=x", "--set", "nope=1")
+    assert f"llmrl {stage}: error: --set nope=1: unknown key 'nope'" in err
+
+
+def test_unknown_nested_key_suggests_the_right_one(capsys):
+    err = _fails(capsys, "grpo", "--set", "data.path=x", "--set", "loss.clip_epsilom=0.3")
+    assert "unknown key 'loss.clip_epsilom'" in err and "did you mean 'clip_epsilon'?" in err
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_wrong_type_is_named(capsys, stage):
+    err = _fails(capsys, stage, "--set", "data.path=x", "--set", "steps=abc")
+    assert "--set steps=abc: steps: Input should be a valid integer" in err
+    assert "(got 'abc')" in err
+
+
+def test_several_problems_are_listed_at_once(capsys):
+    err = _fails(capsys, "sft", "--set", "steps=0", "--set", "optimizer.lr=-1")
+    lines = err.splitlines()
+    assert any("config: data: Field required" in line for line in lines)
+    assert any("--set steps=0: steps:" in line for line in lines)
+    assert any("--set optimizer.lr=-1: optimizer.lr:" in line for line in lines)
+
+
+def test_kl_to_ref_needs_a_reference(capsys):
+    err = _fails(capsys, "grpo", "--set", "data.path=x", "--set", "loss.kl_to_ref_coeff=0.1")
+    assert "loss.kl_to_ref_coeff > 0 needs `reference: true`" in err
+    config = load_config(
+        GRPOConfig, None, ["data.path=x", "loss.kl_to_ref_coeff=0.1", "reference=true"]
+    )
+    assert config.reference and config.loss.kl_to_ref_coeff == 0.1
+
+
+def test_eval_pass_at_must_not_exceed_num_samples(capsys):
+    err = _fails(capsys, "eval", "--set", "data.path=x", "--set", "num_samples=4",
+                 "--set", "pass_at=[1, 8]")  # fmt: skip
+    assert "pass_at [8] exceeds num_samples=4" in err
+    err = _fails(capsys, "eval", "--set", "data.path=x", "--set", "pass_at=[0]")
+    assert "pass_at: every k must be >= 1" in err
+    assert load_config(EvalConfig, None, ["data.path=x", "pass_at=[8]"]).num_samples == 0
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo", "eval"])
+def test_missing_dataset_dir_is_a_clear_user_error(capsys, tmp_path, stage):
+    missing = tmp_path / "nowhere"
+    err = _fails(capsys, stage, "--no-progress", "--set", f"data.path={missing}")
+    assert f"data.path: {missing} does not exist: not a prepared dataset" in err
+    assert "run `llmrl prepare` first" in err
+
+
+def test_a_directory_without_manifest_is_not_a_prepared_dataset(capsys, tmp_path):
+    err = _fails(capsys, "sft", "--no-progress", "--set", f"data.path={tmp_path}")
+    assert f"{tmp_path} has no manifest.json: not a prepared dataset" in err
+
+
+def test_missing_config_file_is_named(capsys, tmp_path):
+    err = _fails(capsys, "sft", "--config", str(tmp_path / "absent.yaml"))
+    assert f"{tmp_path / 'absent.yaml'}: config file does not exist" in err
+
+
+def test_bad_key_in_a_yaml_file_names_the_file(capsys, tmp_path):
+    path = tmp_path / "sft.yaml"
+    path.write_text("data: {path: x}\noptimizer: {lr: 1.0e-5, warmup: 3}\n")
+    err = _fails(capsys, "sft", "--config", str(path))
+    assert f"{path}: unknown key 'optimizer.warmup'" in err
+    assert "did you mean 'warmup_steps'?" in err
+
+
+@pytest.mark.integration
+def test_missing_dataset_dir_exits_2_in_a_real_process(tmp_path):
+    result = run_cli(["grpo", "--no-progress", "--set", "data.path=nowhere"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "llmrl grpo: error: data.path: nowhere does not exist" in result.stderr
+
+
+def test_stage_registry():
+    assert {name: cls for name, (cls, _) in STAGES.items()} == {
+        "sft": SFTConfig,
+        "grpo": GRPOConfig,
+        "eval": EvalConfig,
+    }
+    assert all(callable(run) for _, run in STAGES.values())
+
+
+def test_stage_defaults_survive_a_partial_section():
+    """Overriding one field of a section keeps the stage's own defaults for the others."""
+    grpo = load_config(
+        GRPOConfig,
+        None,
+        ["data.path=x", "optimizer.lr=1e-5", "checkpoint.keep_last=1", "generation.top_p=0.9"],
+    )
+    assert grpo.optimizer.lr == 1e-5 and grpo.optimizer.schedule == "constant"
+    assert grpo.checkpoint.every == 25 and grpo.checkpoint.best_metric == "reward_mean"
+    assert grpo.generation.max_new_tokens == 64 and grpo.generation.top_p == 0.9
+    sft = load_config(SFTConfig, None, ["data.path=x", "optimizer.lr=1e-4", "checkpoint.every=3"])
+    assert sft.optimizer.warmup_steps == 5 and sft.optimizer.lr == 1e-4
+    assert sft.checkpoint.best_metric == "eval_loss" and sft.checkpoint.best_mode == "min"
+    assert sft.checkpoint.every == 3
+    # ... and an explicit value still wins over the stage default
+    explicit = load_config(SFTConfig, None, ["data.path=x", "checkpoint.best_metric=null"])
+    assert explicit.checkpoint.best_metric is None
+
+
+def test_defaults_and_checkpoint_dir_under_output_dir():
+    sft = load_config(SFTConfig, None, ["data.path=x"])
+    assert sft.output_dir == "runs/sft" and sft.checkpoint.dir == "runs/sft/checkpoints"
+    assert sft.optimizer.lr == 2e-5 and sft.optimizer.warmup_steps == 5
+    grpo = load_config(GRPOConfig, None, ["data.path=x", "output_dir=out"])
+    assert grpo.checkpoint.dir == "out/checkpoints"
+    assert grpo.optimizer.lr == 1e-6 and grpo.optimizer.schedule == "constant"
+    assert grpo.generation.max_new_tokens == 64 and grpo.mode == "sync"
+    own = load_config(GRPOConfig, None, ["data.path=x", "checkpoint.dir=ckpts"])
+    assert own.checkpoint.dir == "ckpts"
+    assert EvalConfig.model_validate({"data": {"path": "x"}}).pass_at == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "config_cls"), [("sft", SFTConfig), ("grpo", GRPOConfig), ("eval", EvalConfig)]
+)
+def test_shipped_yaml_configs_load(name, config_cls):
+    config = load_config(config_cls, REPO / "configs" / f"{name}.yaml", ["data.path=x"])
+    assert config.model.name == "smollm2-135m-instruct" and config.data.path == "x"
+    if name != "eval":
+        assert config.checkpoint.dir == f"runs/{name}/checkpoints"
+
+
+def test_config_error_is_a_value_error_with_problems():
+    with pytest.raises(ConfigError) as caught:
+        load_config(GRPOConfig, None, ["data.path=x", "num_samples=1"])
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.problems == [
+        "--set num_samples=1: num_samples: Input should be greater than or equal to 2 (got 1)"
+    ]
+
+
+def test_relative_paths_stay_as_given():
+    config = load_config(SFTConfig, None, ["data.path=data/prepared/x"])
+    assert Path(config.data.path) == Path("data/prepared/x")
