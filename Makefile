@@ -11,9 +11,11 @@ TORCH_SPEC ?= torch==2.13.0
 
 BIN := $(VENV)/bin
 CONSTRAINTS := $(VENV)/torch-constraint.txt
-PYTEST_ARGS ?=
+# `make test` runs everything, slow end-to-end tests included, except the learning check
+# (SFT -> GRPO with the real SmolLM2, 7-15 minutes on 2 cores): `make check-learning`.
+PYTEST_ARGS ?= -m "not learning"
 
-.PHONY: test run lint format chart-schema clean-venv
+.PHONY: test check-learning run lint format chart-schema clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +60,9 @@ run: $(VENV)/.installed-run
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check-learning: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m learning -s
 
 chart-schema: $(VENV)/.installed-dev
 	$(BIN)/python scripts/chart_schema.py

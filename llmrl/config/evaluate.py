@@ -20,7 +20,8 @@ class EvalConfig(StageConfig):
     num_samples: int = Field(0, ge=0, description="sampled answers per problem for pass@k (0: off)")
     pass_at: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k")
     sampling: GenerationSettings = Field(
-        default_factory=GenerationSettings, description="sampling settings for pass@k"
+        default_factory=GenerationSettings,
+        description="sampling settings for pass@k (max_new_tokens: `max_new_tokens` unless set)",
     )
     label: str = Field("model", description="name of what is evaluated, in tables and MLflow")
 
@@ -30,6 +31,12 @@ class EvalConfig(StageConfig):
         if any(k < 1 for k in values):
             raise ValueError("every k must be >= 1")
         return values
+
+    @model_validator(mode="after")
+    def _sampled_length(self) -> EvalConfig:
+        if "max_new_tokens" not in self.sampling.model_fields_set:
+            self.sampling.max_new_tokens = self.max_new_tokens
+        return self
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> EvalConfig:

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,8 +58,16 @@ class TransformersWrapper(LLMWrapperBase):
         self, prompts: list[torch.Tensor], config: GenerationKwargs
     ) -> list[GeneratedSample]:
         input_ids, attention_mask = pad_sequences(prompts, "left", self.pad_token_id)
-        if config.seed is not None:
-            torch.manual_seed(config.seed)
+        # A seed makes this call reproducible without touching the caller's global RNG.
+        rng = torch.random.fork_rng(devices=[]) if config.seed is not None else nullcontext()
+        with rng:
+            if config.seed is not None:
+                torch.manual_seed(config.seed)
+            return self._sample(input_ids, attention_mask, config)
+
+    def _sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationKwargs
+    ) -> list[GeneratedSample]:
         extra: dict[str, Any] = {}
         if config.stop_sequences:
             extra["tokenizer"] = self.tokenizer

@@ -18,6 +18,7 @@ MANIFESTS = sorted(K8S.glob("*.yaml"))
 JOB_TEMPLATE = K8S / "prefect-work-pool-job-template.json"
 K8S_VERSION = "1.30"
 PLACEHOLDER = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
+CLUSTER_SCOPED = {"Namespace", "StorageClass"}
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -29,7 +30,12 @@ def all_objects() -> list[dict[str, Any]]:
 
 
 def test_the_expected_manifests_exist():
-    assert {p.name for p in MANIFESTS} == {"namespace.yaml", "launcher-rbac.yaml", "storage.yaml"}
+    assert {p.name for p in MANIFESTS} == {
+        "namespace.yaml",
+        "launcher-rbac.yaml",
+        "storage.yaml",
+        "storage-classes.yaml",
+    }
     assert (K8S / "README.md").is_file()
 
 
@@ -46,7 +52,7 @@ def test_everything_lives_in_the_llmrl_namespace():
     name = namespace["metadata"]["name"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     for doc in all_objects():
-        if doc["kind"] != "Namespace":
+        if doc["kind"] not in CLUSTER_SCOPED:
             assert doc["metadata"]["namespace"] == name, doc["metadata"]["name"]
 
 
@@ -81,6 +87,20 @@ def test_launcher_rbac_is_namespaced_least_privilege():
 def test_example_storage_is_read_write_many():
     (claim,) = documents(K8S / "storage.yaml")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_example_storage_classes_are_rwx_provisioners():
+    classes = documents(K8S / "storage-classes.yaml")
+    assert {doc["kind"] for doc in classes} == {"StorageClass"}
+    assert "namespace" not in set().union(*(doc["metadata"] for doc in classes))
+    provisioners = {doc["provisioner"]: doc for doc in classes}
+    assert set(provisioners) == {"nfs.csi.k8s.io", "efs.csi.aws.com"}
+    assert {"server", "share"} <= set(provisioners["nfs.csi.k8s.io"]["parameters"])
+    efs = provisioners["efs.csi.aws.com"]["parameters"]
+    assert efs["provisioningMode"] == "efs-ap"
+    assert (efs["uid"], efs["gid"]) == ("10001", "10001"), "the image runs as uid/gid 10001"
+    # Retain: deleting a release must not delete checkpoints.
+    assert {doc["reclaimPolicy"] for doc in classes} == {"Retain"}
 
 
 @pytest.fixture(scope="module")

@@ -195,10 +195,9 @@ def test_evaluate_the_tiny_model_for_real(arithmetic_data, tiny_model_dir):
         f"data.path={arithmetic_data}",
         f"model.name={tiny_model_dir}",
         "data.max_eval_rows=3",
-        "sampling.max_new_tokens=4",
         "tracking.enabled=false",
         output_dir="eval",
-        max_new_tokens=4,
+        max_new_tokens=4,  # the sampled answers too
         num_samples=2,
         pass_at=[1, 2],
     )

@@ -24,7 +24,7 @@ from llmrl.train.grpo import run_grpo
 from llmrl.train.sft import run_sft
 from tests.train.conftest import stage_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 MODEL = "smollm2-135m-instruct"
 EVAL_PROBLEMS = 40

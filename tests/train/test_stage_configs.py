@@ -130,6 +130,16 @@ def test_stage_defaults_survive_a_partial_section():
     assert explicit.checkpoint.best_metric is None
 
 
+def test_eval_samples_as_long_as_the_greedy_pass_unless_told():
+    config = load_config(EvalConfig, None, ["data.path=x", "max_new_tokens=48"])
+    assert config.sampling.max_new_tokens == 48
+    config = load_config(
+        EvalConfig, None, ["data.path=x", "max_new_tokens=48", "sampling.max_new_tokens=96"]
+    )
+    assert config.sampling.max_new_tokens == 96
+    assert EvalConfig.model_validate(config.model_dump()) == config
+
+
 def test_defaults_and_checkpoint_dir_under_output_dir():
     sft = load_config(SFTConfig, None, ["data.path=x"])
     assert sft.output_dir == "runs/sft" and sft.checkpoint.dir == "runs/sft/checkpoints"
