@@ -39,10 +39,9 @@ from llmrl.models import load_model, load_tokenizer
 from llmrl.objectives import GRPOLoss, MCAdvantage
 from llmrl.policies import TransformersWrapper
 from llmrl.train.async_rollouts import AsyncRollouts
-from llmrl.train.checkpoint import CheckpointManager
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
-from llmrl.train.stage import prepared_task, seed_everything, stage_tracker
+from llmrl.train.stage import open_checkpoints, prepared_task, seed_everything, stage_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -150,17 +149,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     optimizer, scheduler = build_optimizer(
         model, config.optimizer, config.steps * config.updates_per_step * minibatches
     )
-    checkpoints = CheckpointManager(
-        config.checkpoint.dir,
-        keep_last=config.checkpoint.keep_last,
-        best_metric=config.checkpoint.best_metric,
-        best_mode=config.checkpoint.best_mode,
-    )
-    state = (
-        checkpoints.resume(model, optimizer, scheduler)
-        if config.checkpoint.resume == "auto"
-        else None
-    )
+    checkpoints, state = open_checkpoints(config.checkpoint, model, optimizer, scheduler)
     start = state.step if state else 0
     counters = {"skipped_steps": 0, "stale_batches": 0, "dropped_zero_std_groups": 0}
     reward_history: list[tuple[int, float]] = []

@@ -31,10 +31,9 @@ from llmrl.envs.tasks import Problem, Task
 from llmrl.models import load_model, load_tokenizer
 from llmrl.objectives import SFTLoss
 from llmrl.policies import TransformersWrapper
-from llmrl.train.checkpoint import CheckpointManager
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
-from llmrl.train.stage import prepared_task, seed_everything, stage_tracker
+from llmrl.train.stage import open_checkpoints, prepared_task, seed_everything, stage_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -148,17 +147,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
     )
     optimizer, scheduler = build_optimizer(model, config.optimizer, config.steps)
     batches = ChatBatches(train, config.batch_size, config.seed)
-    checkpoints = CheckpointManager(
-        config.checkpoint.dir,
-        keep_last=config.checkpoint.keep_last,
-        best_metric=config.checkpoint.best_metric,
-        best_mode=config.checkpoint.best_mode,
-    )
-    state = (
-        checkpoints.resume(model, optimizer, scheduler)
-        if config.checkpoint.resume == "auto"
-        else None
-    )
+    checkpoints, state = open_checkpoints(config.checkpoint, model, optimizer, scheduler)
     start = state.step if state else 0
     if state:
         batches.load_state_dict(state.extra["batches"])

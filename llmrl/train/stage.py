@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from llmrl.config.common import StageConfig
+from llmrl.config.common import CheckpointConfig, StageConfig
 from llmrl.config.loading import ConfigError
 from llmrl.envs.tasks import Task, make_task
+from llmrl.train.checkpoint import CheckpointManager, TrainState
 
 
 def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
@@ -61,3 +62,21 @@ def stage_tracker(stage: str, config: StageConfig, run_id: str | None = None) ->
     with tracker:
         tracker.log_params(config.model_dump(mode="json"))
         yield tracker
+
+
+def open_checkpoints(
+    settings: CheckpointConfig,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> tuple[CheckpointManager, TrainState | None]:
+    """The stage's checkpoint manager, and the state it resumed from (``resume: auto`` and a
+    complete checkpoint present), or None for a fresh start."""
+    checkpoints = CheckpointManager(
+        settings.dir,
+        keep_last=settings.keep_last,
+        best_metric=settings.best_metric,
+        best_mode=settings.best_mode,
+    )
+    state = checkpoints.resume(model, optimizer, scheduler) if settings.resume == "auto" else None
+    return checkpoints, state
