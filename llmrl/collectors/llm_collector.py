@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -205,7 +206,7 @@ class BatchAssembler:
         return rows
 
 
-class CollectorBase:
+class CollectorBase(ABC):
     """What every collector shares: batching, counters, versions and iteration.
 
     Subclasses produce transitions in :meth:`_collect_more` (adding units with
@@ -279,11 +280,13 @@ class CollectorBase:
         total = self.total_dialog_turns
         return total >= 0 and self.stats["yielded_turns"] >= total
 
+    @abstractmethod
     def _collect_more(self) -> None:
-        raise NotImplementedError
+        """Produce more transitions (recording finished trajectories)."""
 
+    @abstractmethod
     def _exhausted(self) -> bool:
-        raise NotImplementedError
+        """True when no more transitions will come (e.g. the dataset ran out)."""
 
     def _drop_pending(self) -> None:
         """Forget transitions waiting for a batch (after loading a checkpoint)."""
