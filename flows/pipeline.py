@@ -67,12 +67,10 @@ from flows.launchers import (
     StageFailedError,
     TransientStageError,
 )
+from flows.summary import RUN_ORDER, build_summary, render_markdown
 
 STAGES: tuple[str, ...] = ("prepare", "sft", "grpo", "eval")
 """The pipeline's stages, named like their ``llmrl`` commands (``evaluate`` is accepted too)."""
-EVALUATED: tuple[str, ...] = ("base", "sft", "grpo")
-"""The models the ``eval`` stage measures: ``eval-base``, ``eval-sft``, ``eval-grpo``."""
-RUN_ORDER: tuple[str, ...] = ("prepare", "sft", "grpo", *(f"eval-{m}" for m in EVALUATED))
 _ALIASES = {"evaluate": "eval"}
 
 
@@ -536,105 +534,6 @@ def given_result(name: str, path: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ summary (formatting)
-
-
-def build_summary(
-    params: PipelineParams, tracking: Tracking, records: Mapping[str, dict], run_name: str
-) -> dict[str, Any]:
-    """The pipeline's result: stages, evaluation rows, parent-run metrics, where to look."""
-    stages = [
-        {
-            "name": name,
-            "status": record.get("status", "ran"),
-            "seconds": round(float(record.get("seconds") or 0.0), 1),
-            "summary": record.get("summary", {}),
-            "mlflow_run_id": record.get("mlflow_run_id"),
-            "mlflow_link": tracking.link(record.get("mlflow_run_id")),
-        }
-        for name in RUN_ORDER
-        if (record := records.get(name))
-    ]
-    evaluation = []
-    for model in EVALUATED:
-        record = records.get(f"eval-{model}")
-        if not record:
-            continue
-        result = record["summary"]
-        row = {
-            "model": model,
-            "accuracy": result.get("accuracy"),
-            "num_problems": result.get("num_problems"),
-        }
-        row.update({f"pass@{k}": v for k, v in (result.get("pass_at") or {}).items()})
-        row["mlflow_run_id"] = record.get("mlflow_run_id")
-        evaluation.append(row)
-    metrics = {f"accuracy_{row['model']}": row["accuracy"] for row in evaluation}
-    metrics.update({f"seconds_{s['name']}": s["seconds"] for s in stages if s["status"] == "ran"})
-    return {
-        "flow_run": run_name,
-        "work_dir": str(Path(params.work_dir).resolve()),
-        "mlflow": {
-            "tracking_uri": tracking.uri,
-            "experiment": tracking.experiment,
-            "experiment_id": tracking.experiment_id,
-            "parent_run_id": tracking.parent_run_id,
-            "parent_link": tracking.link(tracking.parent_run_id),
-        },
-        "stages": stages,
-        "evaluation": evaluation,
-        "metrics": {k: float(v) for k, v in metrics.items() if v is not None},
-    }
-
-
-def render_markdown(summary: Mapping[str, Any]) -> str:
-    """The summary artifact's markdown."""
-    mlflow = summary["mlflow"]
-    lines = [
-        f"# llmrl pipeline `{summary['flow_run']}`",
-        "",
-        f"MLflow parent run [{mlflow['parent_run_id']}]({mlflow['parent_link']}) in experiment "
-        f"`{mlflow['experiment']}` (`{mlflow['tracking_uri']}`).",
-        f"Work dir: `{summary['work_dir']}`.",
-        "",
-        "## Held-out accuracy",
-        "",
-        "| model | accuracy | problems |",
-        "| --- | --- | --- |",
-    ]
-    for row in summary["evaluation"]:
-        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
-        lines.append(f"| {_label(row['model'])} | {accuracy} | {row['num_problems']} |")
-    lines += ["", "## Stages", "", "| stage | status | seconds | result | MLflow run |"]
-    lines.append("| --- | --- | --- | --- | --- |")
-    for stage in summary["stages"]:
-        link = (
-            f"[{stage['mlflow_run_id'][:8]}]({stage['mlflow_link']})"
-            if stage["mlflow_link"]
-            else "-"
-        )
-        status = {"skipped": "skipped (finished in a previous run)"}.get(
-            stage["status"], stage["status"]
-        )
-        lines.append(
-            f"| {stage['name']} | {status} | {stage['seconds']:.1f} | "
-            f"{_describe(stage['summary'])} | {link} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _label(model: str) -> str:
-    return {"base": "base", "sft": "after SFT", "grpo": "after GRPO"}.get(model, model)
-
-
-def _describe(result: Mapping[str, Any]) -> str:
-    """A stage's summary in a table cell: its numbers, then its output path."""
-    numbers = [
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-        for k, v in result.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and k != "seconds"
-    ]
-    path = result.get("final_checkpoint") or result.get("path")
-    return ", ".join([*numbers, *([f"`{path}`"] if path else [])]) or "-"
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
