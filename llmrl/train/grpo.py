@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
-from tqdm import tqdm
 
 from llmrl.collectors import InProcessWeightUpdater, LLMCollector
 from llmrl.config.grpo import GRPOConfig
@@ -41,7 +40,13 @@ from llmrl.policies import TransformersWrapper
 from llmrl.train.async_rollouts import AsyncRollouts
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
-from llmrl.train.stage import open_checkpoints, prepared_task, seed_everything, stage_tracker
+from llmrl.train.stage import (
+    open_checkpoints,
+    prepared_task,
+    seed_everything,
+    stage_tracker,
+    step_bar,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -174,13 +179,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         tracker.log_params(
             {"dataset.digest": manifest.get("digest"), "train_prompts": len(train_rows)}
         )
-        bar = tqdm(
-            range(start, config.steps),
-            desc="grpo",
-            disable=not config.progress,
-            initial=start,
-            total=config.steps,
-        )
+        bar = step_bar("grpo", start, config.steps, config.progress)
         for step in bar:
             timings = {}
             tick = time.perf_counter()

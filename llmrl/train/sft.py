@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
-from tqdm import tqdm
 
 from llmrl.config.loading import ConfigError
 from llmrl.config.sft import SFTConfig
@@ -33,7 +32,13 @@ from llmrl.objectives import SFTLoss
 from llmrl.policies import TransformersWrapper
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
-from llmrl.train.stage import open_checkpoints, prepared_task, seed_everything, stage_tracker
+from llmrl.train.stage import (
+    open_checkpoints,
+    prepared_task,
+    seed_everything,
+    stage_tracker,
+    step_bar,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -158,13 +163,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
     train_loss, eval_loss = math.nan, None
     with stage_tracker("sft", config, run_id=run_id) as tracker:
         tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
-        bar = tqdm(
-            range(start, config.steps),
-            desc="sft",
-            disable=not config.progress,
-            initial=start,
-            total=config.steps,
-        )
+        bar = step_bar("sft", start, config.steps, config.progress)
         for step in bar:
             step_started = time.perf_counter()
             total = 0.0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from llmrl.config.common import CheckpointConfig, StageConfig
 from llmrl.config.loading import ConfigError
@@ -80,3 +81,8 @@ def open_checkpoints(
     )
     state = checkpoints.resume(model, optimizer, scheduler) if settings.resume == "auto" else None
     return checkpoints, state
+
+
+def step_bar(stage: str, start: int, steps: int, enabled: bool) -> tqdm:
+    """The stage's progress bar over steps ``start..steps`` (resumed runs start part-way)."""
+    return tqdm(range(start, steps), desc=stage, disable=not enabled, initial=start, total=steps)
