@@ -30,6 +30,7 @@ from llmrl.envs.sandbox import (
     run_python,
     sandbox_support,
 )
+from tests.reliability.hostile_programs import PROGRAMS, fill
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,15 +42,16 @@ MARKER_ROOM = 64  # what the brief allows on top of max_output_chars
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a row's code and checks may refer to (``@PORT@``, ``@ESCAPE@``, ``@SECRET@``)."""
+    """What a row's code and checks may refer to (``@PORT@``, ``@ESCAPE@``, ``@SECRET@``).
+
+    Programs the env suite also runs come from ``tests/reliability/hostile_programs.py``."""
 
     listener: socket.socket
     escape: Path  # outside the sandbox: must never be created
 
     def fill(self, code: str) -> str:
-        port = str(self.listener.getsockname()[1])
-        code = code.replace("@PORT@", port).replace("@ESCAPE@", str(self.escape))
-        return code.replace("@SECRET@", SECRET_NAME)
+        port = self.listener.getsockname()[1]
+        return fill(code, port=port, escape=self.escape, secret=SECRET_NAME)
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,8 @@ def parent_limits_intact(result: SandboxResult, ctx: Ctx) -> None:
 
 
 HOSTILE = [
-    Row("infinite-loop", "while True:\n    pass", timed_out=True, limits=FAST),
-    Row("fork-bomb", "import os\nwhile True:\n    os.fork()", "os.fork", "PermissionError"),
+    Row("infinite-loop", PROGRAMS["infinite-loop"], timed_out=True, limits=FAST),
+    Row("fork-bomb", PROGRAMS["fork-bomb"], "os.fork", "PermissionError"),
     Row("fork-then-sleep", "import os, time\nif os.fork() == 0:\n    time.sleep(60)", "os.fork"),
     Row("subprocess-run", "import subprocess\nsubprocess.run(['ls'])", "subprocess.Popen"),
     Row(
@@ -119,45 +121,45 @@ HOSTILE = [
         "os.exec",
         after=no_passwd,
     ),
-    Row("memory-bomb", "x = bytearray(10**10)", error="MemoryError"),
-    Row("growing-list", "x = []\nwhile True:\n    x.append(bytearray(10**7))", error="MemoryError"),
-    Row("huge-print", "print('x' * 10**8)", after=output_capped),
-    Row("print-loop", "while True:\n    print('spam ' * 20)", after=output_capped),
+    Row("memory-bomb", PROGRAMS["memory-bomb"], error="MemoryError"),
+    Row("growing-list", PROGRAMS["growing-list"], error="MemoryError"),
+    Row("huge-print", PROGRAMS["huge-print"], after=output_capped),
+    Row("print-loop", PROGRAMS["print-loop"], after=output_capped),
     Row(
         "socket-connect",
-        "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', @PORT@))",
+        PROGRAMS["socket-connect"],
         "socket.__new__",
         after=nothing_connected,
     ),
     Row(
         "urlopen",
-        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:@PORT@/', timeout=1)",
+        PROGRAMS["urlopen"],
         "urllib.Request",
         after=nothing_connected,
     ),
-    Row("read-etc-passwd", "print(open('/etc/passwd').read())", "open", after=no_passwd),
+    Row("read-etc-passwd", PROGRAMS["read-etc-passwd"], "open", after=no_passwd),
     Row(
         "read-parent-environ",
-        "import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read())",
+        PROGRAMS["read-parent-environ"],
         "open",
         after=no_secret,
     ),
     Row(
         "write-outside",
-        "open('@ESCAPE@', 'w').write('pwned')",
+        PROGRAMS["write-outside"],
         "open",
         after=no_escape_file,
     ),
     Row(
         "kill-parent",
-        "import os\nos.kill(os.getppid(), 9)",
+        PROGRAMS["kill-parent"],
         "os.kill",
         after=lambda r, c: os.kill(os.getpid(), 0),
     ),
     Row("killpg-own-group", "import os\nos.killpg(0, 9)", "os.killpg"),
     Row(
         "prlimit-parent",
-        "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (0, 0))",
+        PROGRAMS["prlimit-parent"],
         "resource.prlimit",
         after=parent_limits_intact,
     ),
@@ -166,11 +168,10 @@ HOSTILE = [
         "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
         error="ValueError",
     ),
-    Row("import-ctypes", "import ctypes\nctypes.CDLL(None)", "import", "ImportError"),
+    Row("import-ctypes", PROGRAMS["import-ctypes"], "import", "ImportError"),
     Row(
         "load-ctypes-behind-import",
-        "import importlib.util as u\nspec = u.find_spec('_ctypes')\n"
-        "u.module_from_spec(spec).dlopen(None)",
+        PROGRAMS["load-ctypes-behind-import"],
         error="ImportError",
     ),
     Row("chdir-root", "import os\nos.chdir('/')\nprint(open('etc/passwd').read())", "os.chdir"),
@@ -232,19 +233,17 @@ HOSTILE = [
     ),
     Row(
         "signal-shenanigans",
-        "import signal\nfor s in (signal.SIGTERM, signal.SIGXCPU, signal.SIGINT):\n"
-        "    signal.signal(s, signal.SIG_IGN)\n"
-        "signal.signal(signal.SIGALRM, lambda *a: None)\nsignal.alarm(1)\nwhile True:\n    pass",
+        PROGRAMS["signal-shenanigans"],
         timed_out=True,
         limits=FAST,
     ),
     Row(
         "deep-recursion",  # C-level recursion past the stack: SIGSEGV, the caller is fine
-        "import json, sys\nsys.setrecursionlimit(10**6)\njson.loads('[' * 10**6 + ']' * 10**6)",
+        PROGRAMS["deep-recursion"],
     ),
     Row(
         "secret-env",
-        "import os\nprint(os.environ.get('@SECRET@', 'absent'))\nprint(sorted(os.environ))",
+        PROGRAMS["secret-env"],
         ok=True,
         after=lambda r, c: (no_secret(r, c), assert_in("absent", r.stdout)),
     ),

@@ -5,7 +5,10 @@ wall-clock timeout, memory and output limits, no network, its own temporary dire
 scrubbed environment). The combined result is appended to the conversation as a message from
 ``role`` (``tool`` by default) in ``("next", "history", "prompt")``, and the row is marked
 ``tool_called`` so the episode continues.
-Rows run in parallel threads; a hostile snippet only ever produces an error message.
+Rows run in parallel threads; a hostile snippet only ever produces an error message. At most
+``max_blocks`` blocks of one reply run (one after another), so a reply made of many endless
+loops holds a step for at most ``max_blocks * limits.timeout_s`` seconds; the rest are
+reported as not run.
 """
 
 from __future__ import annotations
@@ -35,8 +38,12 @@ class PythonInterpreter(EnvTransform):
         role: str = "tool",
         max_workers: int = 4,
         history_key: str = "history",
+        max_blocks: int = 8,
     ) -> None:
+        if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1:
+            raise ValueError(f"max_blocks must be an integer >= 1, got {max_blocks!r}")
         self.limits = limits or SandboxLimits()
+        self.max_blocks = max_blocks
         self.role = role
         self.max_workers = max_workers
         self.history_key = history_key
@@ -47,7 +54,13 @@ class PythonInterpreter(EnvTransform):
         blocks = extract_python_blocks(reply)
         if not blocks:
             return None
-        results = [run_python(code, self.limits).as_message() for code in blocks]
+        ran = blocks[: self.max_blocks]
+        results = [run_python(code, self.limits).as_message() for code in ran]
+        if len(blocks) > len(ran):
+            skipped = len(blocks) - len(ran)
+            results.append(
+                f"[{skipped} more python blocks not run: at most {self.max_blocks} per reply]"
+            )
         return "\n\n".join(results)
 
     def on_step(self, td: TensorDictBase) -> TensorDictBase:
