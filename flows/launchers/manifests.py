@@ -12,11 +12,14 @@
   trainer's GPUs (none for a colocated ``grpo``: the engines share them).
 
 Every object carries the labels of :func:`run_labels`; pods add ``llmrl.io/role`` (``job``,
-``driver`` for the RayJob's submitter, ``head``, or the worker group's name).
+``driver`` for the RayJob's submitter, ``head``, or the worker group's name). Every pod meets
+the "restricted" Pod Security Standard (:data:`POD_SECURITY_CONTEXT`,
+:data:`CONTAINER_SECURITY_CONTEXT`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
@@ -37,6 +40,22 @@ RAY_STAGES: tuple[str, ...] = ("sft", "grpo")
 CONFIG_DIR = "/etc/llmrl"
 DRIVER_RESOURCE = "llmrl_driver"
 LABEL_RUN, LABEL_STAGE, LABEL_ROLE = "llmrl.io/run", "llmrl.io/stage", "llmrl.io/role"
+# The "restricted" Pod Security Standard: a non-root uid, the runtime's seccomp profile, no
+# privilege escalation and no capabilities. The container part is always applied, so a pod
+# securityContext overridden in the settings cannot loosen it.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 class PodResources(BaseModel):
@@ -102,8 +121,9 @@ class KubernetesSettings(BaseModel):
         description="resources of the one-pod stages (prepare, eval)",
     )
     security_context: dict[str, Any] = Field(
-        default_factory=lambda: {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
-        description="pod securityContext of every stage pod (the image runs as uid 10001)",
+        default_factory=lambda: copy.deepcopy(POD_SECURITY_CONTEXT),
+        description="pod securityContext of every stage pod (the image runs as uid 10001); "
+        "each container also gets CONTAINER_SECURITY_CONTEXT, whatever this holds",
     )
     shm_fraction: float = Field(
         0.3, gt=0, le=1, description="/dev/shm of Ray pods, as a share of their memory"
@@ -220,6 +240,7 @@ def build_rayjob_manifest(
                     "image": settings.image,
                     "imagePullPolicy": settings.image_pull_policy,
                     "resources": _resources(0.5, 1.0, 0),
+                    "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
                 }
             ],
             **({"securityContext": settings.security_context} if settings.security_context else {}),
@@ -357,6 +378,7 @@ def _pod_spec(
         volumes.append({"name": "dshm", "emptyDir": shm})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     for container in containers:
+        container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
         if mounts:
             container["volumeMounts"] = list(mounts)
     spec: dict[str, Any] = {"containers": containers}
