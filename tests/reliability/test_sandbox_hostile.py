@@ -157,9 +157,13 @@ class Targets:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def probed_sandbox() -> None:
-    """Probe the machine's kernel layers before any baseline is taken (it runs once)."""
+def warm_env() -> None:
+    """Probe the sandbox (once per process) and step the env once before any baseline is
+    taken, so lazily opened files and imports do not count as leaks of the first row."""
     sandbox_support()
+    env = ChatEnv(transforms=[PythonInterpreter(ROOMY)])
+    transition = env.step(ScriptedPolicy([python_reply("print(1)")])(env.reset(queries(["a"]))))
+    assert tool_messages(transition)[0]["content"] == "1"
 
 
 @pytest.fixture
