@@ -280,6 +280,11 @@ class CollectorBase(ABC):
         total = self.total_dialog_turns
         return total >= 0 and self.stats["yielded_turns"] >= total
 
+    def metrics(self) -> dict[str, float]:
+        """``stats`` as tracker metrics, ``collector/<name>`` (a Ray collector's include
+        ``collector/env_worker_restarts`` and ``collector/inference_actor_restarts``)."""
+        return {f"collector/{name}": float(value) for name, value in self.stats.items()}
+
     @abstractmethod
     def _collect_more(self) -> None:
         """Produce more transitions (recording finished trajectories)."""

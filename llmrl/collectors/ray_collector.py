@@ -20,6 +20,23 @@ Who calls whom:
 
 Weights go from the driver to the inference actors through a
 :class:`~llmrl.collectors.weight_sync.WeightUpdater` (default: the Ray object store).
+
+**Faults.** An actor whose process dies mid-batch (killed, out of memory) is rebuilt by the
+driver, and the batch completes:
+
+- an inference actor is rebuilt with ``policy_factory()``, then gets the last pushed weights and
+  the current version (:meth:`RayObjectStoreWeightUpdater.restore`); the env workers it served
+  keep their trajectories in progress and retry the reply they were waiting for on the new one;
+- an env worker is rebuilt with ``env_factory(index)`` and the state it reported at the end of
+  its last successful ``collect`` (next trajectory id, dataset position): what it produced in
+  the call that died is produced again, by the replacement, under the same trajectory ids.
+
+Ray's own actor restarts (``max_restarts``) are not used: they rerun the constructor, which
+would bring an inference actor back with the factory's weights and version 0, and an env worker
+back at the start of its dataset. Each rebuild counts in ``stats["env_worker_restarts"]`` or
+``stats["inference_actor_restarts"]`` (``collector/...`` in :meth:`~CollectorBase.metrics`);
+one slot dying more than ``max_actor_restarts`` times raises
+:class:`~llmrl.collectors.actor_faults.ActorRestartsExhausted`, naming it.
 Resources are fractional CPUs by default, so an inference actor and two env workers fit a
 2-CPU machine; give ``inference_gpus=1`` on a GPU machine.
 
@@ -40,10 +57,17 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llmrl.collectors.actor_faults import (
+    RestartBudget,
+    dead_actors,
+    first_line,
+    is_actor_death,
+)
 from llmrl.collectors.llm_collector import (
     CollectorBase,
     Trajectory,
@@ -201,23 +225,47 @@ class EnvWorker:
 
     def collect(self, n_turns: int) -> tuple[list[Trajectory], dict[str, Any]]:
         """Step until at least ``n_turns`` transitions are ready (finished trajectories, or
-        single transitions); returns them and ``{"turns", "trajectories", "exhausted"}``."""
+        single transitions); returns them and ``{"turns", "trajectories", "exhausted",
+        "state"}`` (``state``: :meth:`state_dict` now).
+
+        When the inference actor dies, the call returns early with what is ready and
+        ``info["inference_error"]`` (its message); the rows waiting for a reply stay, and the
+        next call asks the actor given by :meth:`set_inference_actor`.
+        """
         units: list[Trajectory] = []
         ready = turns = trajectories = 0
+        info: dict[str, Any] = {}
         while ready < n_turns and not self._exhausted():
-            result = self.runner.step()
+            try:
+                result = self.runner.step()
+            except Exception as error:
+                if not is_actor_death(error):
+                    raise
+                info["inference_error"] = f"{type(error).__name__}: {error}"
+                break
             new = result.units(self.by_trajectory)
             units.extend(new)
             ready += sum(len(unit) for unit in new)
             turns += len(result.transitions)
             trajectories += len(result.finished)
-        info = {"turns": turns, "trajectories": trajectories, "exhausted": self._exhausted()}
+        info.update(
+            turns=turns,
+            trajectories=trajectories,
+            exhausted=self._exhausted(),
+            state=self.state_dict(),
+        )
         return units, info
 
+    def set_inference_actor(self, inference_actor: Any) -> None:
+        """Send the next policy calls to ``inference_actor`` (a rebuilt one)."""
+        self.inference_actor = inference_actor
+
     def state_dict(self) -> dict[str, Any]:
+        """The runner's state: next trajectory id and dataset position."""
         return self.runner.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (trajectories in progress are dropped)."""
         self.runner.load_state_dict(state)
 
     def _exhausted(self) -> bool:
@@ -249,6 +297,8 @@ class RayLLMCollector(CollectorBase):
         track_policy_version: write ``policy_version`` into every transition.
         env_worker_cpus, inference_cpus, inference_gpus: Ray resources of each actor.
         runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
+        max_actor_restarts: rebuilds allowed per actor after its process died (see the module
+            docstring); 0 fails at the first death.
 
     Ray is started (``ray.init()``) if it is not running. Call :meth:`shutdown` at the end.
     """
@@ -270,6 +320,7 @@ class RayLLMCollector(CollectorBase):
         inference_cpus: float = 0.5,
         inference_gpus: float = 0.0,
         runtime_env: dict[str, Any] | None = None,
+        max_actor_restarts: int = 3,
     ) -> None:
         if num_env_workers < 1 or num_inference_actors < 1:
             raise ValueError(
@@ -286,29 +337,30 @@ class RayLLMCollector(CollectorBase):
         ray = import_ray("RayLLMCollector")
         if not ray.is_initialized():
             ray.init()
+        self._budget = RestartBudget(max_actor_restarts)
+        self.stats.update(env_worker_restarts=0, inference_actor_restarts=0)
         options: dict[str, Any] = {} if runtime_env is None else {"runtime_env": runtime_env}
         per_actor = math.ceil(num_env_workers / num_inference_actors)
-        self.inference_actors = [
-            ray.remote(InferenceActor)
-            .options(
-                num_cpus=inference_cpus,
-                num_gpus=inference_gpus,
-                max_concurrency=per_actor + 1,  # its workers, and a weight load
-                **options,
-            )
-            .remote(policy_factory, "policy_version" if track_policy_version else None)
-            for _ in range(num_inference_actors)
-        ]
+        inference_options = {
+            "num_cpus": inference_cpus,
+            "num_gpus": inference_gpus,
+            "max_concurrency": per_actor + 1,  # its workers, and a weight load
+            **options,
+        }
+        version_key = "policy_version" if track_policy_version else None
+        self._new_inference_actor = partial(
+            _start_actor, InferenceActor, inference_options, policy_factory, version_key
+        )
+        self._new_env_worker = partial(
+            _start_env_worker,
+            {"num_cpus": env_worker_cpus, **options},
+            env_factory,
+            num_env_workers,
+            yield_completed_trajectories,
+        )
+        self.inference_actors = [self._new_inference_actor() for _ in range(num_inference_actors)]
         self.env_workers = [
-            ray.remote(EnvWorker)
-            .options(num_cpus=env_worker_cpus, **options)
-            .remote(
-                env_factory,
-                index,
-                num_env_workers,
-                self.inference_actors[index % num_inference_actors],
-                yield_completed_trajectories,
-            )
+            self._new_env_worker(index, self._inference_of(index))
             for index in range(num_env_workers)
         ]
         try:  # surface a factory's error now, and leave no actor behind
@@ -319,16 +371,32 @@ class RayLLMCollector(CollectorBase):
         if self.weight_updater is None:
             self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
         self._worker_done = [False] * num_env_workers
+        # each worker's state after its last successful collect: what a replacement starts from
+        self._worker_states: list[dict[str, Any] | None] = [None] * num_env_workers
+
+    def _inference_of(self, worker_index: int) -> Any:
+        return self.inference_actors[worker_index % len(self.inference_actors)]
 
     def _collect_more(self) -> None:
         ray = import_ray("RayLLMCollector")
         live = [i for i, done in enumerate(self._worker_done) if not done]
         missing = self.dialog_turns_per_batch - self._assembler.pending_turns
         share = max(1, math.ceil(missing / len(live)))
-        answers = ray.get([self.env_workers[i].collect.remote(share) for i in live])
-        for index, (units, info) in zip(live, answers, strict=True):
+        calls = {i: self.env_workers[i].collect.remote(share) for i in live}
+        faults: list[BaseException] = []
+        for index, call in calls.items():
+            try:
+                units, info = ray.get(call)
+            except Exception as error:
+                if not is_actor_death(error):
+                    raise
+                faults.append(error)  # its share is asked for again in the next round
+                continue
             self._record(units, info["turns"], info["trajectories"])
             self._worker_done[index] = bool(info["exhausted"])
+            self._worker_states[index] = info["state"]
+            if "inference_error" in info:
+                faults.append(RuntimeError(info["inference_error"]))
             logger.debug(
                 "env worker %d: %d turns, %d trajectories finished%s",
                 index,
@@ -336,6 +404,50 @@ class RayLLMCollector(CollectorBase):
                 info["trajectories"],
                 " (dataset exhausted)" if info["exhausted"] else "",
             )
+        if faults:
+            self._replace_dead_actors(faults[0])
+
+    def _replace_dead_actors(self, fault: BaseException) -> None:
+        """Rebuild every dead inference actor, then every dead env worker (see the module
+        docstring); ``fault`` is re-raised when no actor is dead."""
+        ray = import_ray("RayLLMCollector")
+        dead_inference = dead_actors(self.inference_actors)
+        for index, error in dead_inference.items():
+            self._budget.spend(f"inference actor {index}", error)
+            old, new = self.inference_actors[index], self._new_inference_actor()
+            self.inference_actors[index] = new
+            if isinstance(self.weight_updater, RayObjectStoreWeightUpdater):
+                self.weight_updater.restore(old, new)
+            elif self.policy_version > 0:
+                raise RuntimeError(
+                    f"inference actor {index} died and was rebuilt, but the weight updater "
+                    f"{type(self.weight_updater).__name__} cannot reload version "
+                    f"{self.policy_version} into it"
+                ) from error
+            ray.get(new.set_version.remote(self.policy_version))
+            self.stats["inference_actor_restarts"] += 1
+            logger.warning("inference actor %d died (%s); rebuilt it", index, first_line(error))
+        dead_workers = dead_actors(self.env_workers)
+        for index, error in dead_workers.items():
+            self._budget.spend(f"env worker {index}", error)
+            worker = self._new_env_worker(index, self._inference_of(index))
+            self.env_workers[index] = worker
+            state = self._worker_states[index]  # None: nothing collected yet, start afresh
+            if state is not None:
+                ray.get(worker.load_state_dict.remote(state))
+            ray.get(worker.ready.remote())
+            self.stats["env_worker_restarts"] += 1
+            logger.warning("env worker %d died (%s); rebuilt it", index, first_line(error))
+        if not dead_inference and not dead_workers:
+            raise fault
+        moved = [i for i in range(len(self.env_workers)) if i not in dead_workers]
+        ray.get(
+            [
+                self.env_workers[i].set_inference_actor.remote(self._inference_of(i))
+                for i in moved
+                if i % len(self.inference_actors) in dead_inference
+            ]
+        )
 
     def _exhausted(self) -> bool:
         return all(self._worker_done)
@@ -365,7 +477,7 @@ class RayLLMCollector(CollectorBase):
             raise ValueError(
                 f"state has {len(state['workers'])} workers, this collector {len(self.env_workers)}"
             )
-        self.stats = dict(state["stats"])
+        self.stats = {"env_worker_restarts": 0, "inference_actor_restarts": 0, **state["stats"]}
         self._set_version(int(state["policy_version"]))
         ray.get([a.set_version.remote(self.policy_version) for a in self.inference_actors])
         ray.get(
@@ -375,6 +487,7 @@ class RayLLMCollector(CollectorBase):
             ]
         )
         self._worker_done = [False] * len(self.env_workers)
+        self._worker_states = list(state["workers"])
         self._drop_pending()
 
     def shutdown(self) -> None:
@@ -383,3 +496,29 @@ class RayLLMCollector(CollectorBase):
         for actor in [*self.env_workers, *self.inference_actors]:
             ray.kill(actor)
         self.env_workers, self.inference_actors = [], []
+
+
+def _start_actor(cls: type, options: dict[str, Any], *args: Any) -> Any:
+    """A Ray actor of ``cls`` with ``options``, constructed with ``args``."""
+    ray = import_ray("RayLLMCollector")
+    return ray.remote(cls).options(**options).remote(*args)
+
+
+def _start_env_worker(
+    options: dict[str, Any],
+    env_factory: Callable[[int], ChatEnv],
+    num_workers: int,
+    yield_completed_trajectories: bool,
+    index: int,
+    inference_actor: Any,
+) -> Any:
+    """The env worker actor ``index``, calling ``inference_actor``."""
+    return _start_actor(
+        EnvWorker,
+        options,
+        env_factory,
+        index,
+        num_workers,
+        inference_actor,
+        yield_completed_trajectories,
+    )

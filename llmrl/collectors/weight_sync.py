@@ -129,6 +129,8 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
         source: the trainer model pushed by default.
 
     Bytes count the CPU state dict put in the object store (once, whatever the actor count).
+    The last pushed state dict stays there (``latest``, an object reference) so that
+    :meth:`restore` can load it into an actor rebuilt after a crash.
     """
 
     def __init__(self, inference_actors: list[Any], source: Weights | None = None) -> None:
@@ -136,6 +138,15 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
         if not inference_actors:
             raise ValueError("RayObjectStoreWeightUpdater needs at least one inference actor")
         self.inference_actors = list(inference_actors)
+        self.latest: Any = None
+
+    def restore(self, old: Any, new: Any) -> None:
+        """Put the actor ``new`` in the place of ``old`` (a dead one) and load the last pushed
+        weights and version into it (an InferenceActor; nothing to load before a push)."""
+        ray = import_ray("Pushing weights to Ray actors")
+        self.inference_actors = [new if actor is old else actor for actor in self.inference_actors]
+        if self.latest is not None:
+            ray.get(new.load_state_dict.remote(self.latest, self.version))
 
     def _push(self, weights: Weights, version: int) -> int:
         ray = import_ray("Pushing weights to Ray actors")
@@ -149,6 +160,7 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
             else:  # a VLLMEngine actor
                 as_pairs = as_pairs if as_pairs is not None else ray.put(list(state.items()))
                 calls.append(actor.load_weights.remote(as_pairs))
+        self.latest = as_dict
         ray.get(calls)
         return state_dict_bytes(state)
 

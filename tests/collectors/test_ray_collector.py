@@ -4,57 +4,30 @@ actor, which then scores like the trainer."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
 from tests.collectors.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
+from tests.collectors.ray_local import actor_runtime_env, local_ray  # noqa: F401
 
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.integration
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def local_ray(session_cache):
-    """A local Ray with 2 CPUs and no dashboard, shut down after the module."""
-    own_tmp = None if os.environ.get("RAY_TMPDIR") else tempfile.mkdtemp(prefix="ray-")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_AUTH_MODE", "disabled")
-        if own_tmp is not None:
-            patch.setenv("RAY_TMPDIR", own_tmp)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        yield ray
-        ray.shutdown()
-    if own_tmp is not None:
-        shutil.rmtree(own_tmp, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def collector(local_ray, session_cache, tokenizer):  # tokenizer: converted before the actors
+def collector(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: cached first)
     from llmrl.collectors import RayLLMCollector
 
-    env_vars = {
-        "LLMRL_CACHE": str(session_cache),  # the tokenizer converted for this session
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(REPO_ROOT),  # the factories live in the tests package
-    }
     collector = RayLLMCollector(
         ArithmeticEnvFactory(batch_size=2, repeats=2, num_problems=10),
         TinyPolicyFactory(seed=0, min_batch_size=2),
         num_env_workers=2,
         dialog_turns_per_batch=8,
         total_dialog_turns=16,
-        runtime_env={"env_vars": env_vars},
+        runtime_env=actor_runtime_env(session_cache),
     )
     yield collector
     collector.shutdown()

@@ -9,36 +9,20 @@ SFT override must fail with the stage's own message and no retry.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flows.launchers import StageConfigError, StageResult, TransientStageError
+from flows.launchers import StageConfigError, TransientStageError
 from flows.pipeline import RUN_ORDER, PipelineParams, StageCall, pipeline, run_stage
+from tests.flows.prefect_harness import FlakyLauncher
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 EVALUATED = ("eval-base", "eval-sft", "eval-grpo")
 CHILD_RUNS = {"sft", "grpo", *EVALUATED}
-
-
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory) -> Iterator[None]:
-    """Prefect's test harness (a temporary API and database), PREFECT_HOME in a temp folder."""
-    from prefect.settings import (
-        PREFECT_HOME,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    updates = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -229,20 +213,7 @@ def test_an_invalid_stage_config_fails_the_flow_with_its_message(first_run, para
     assert [p.info.status for p in parents] == ["FAILED"]
 
 
-class _FlakyLauncher:
-    """Fails with ``error`` the first ``failures`` times, then succeeds."""
-
-    def __init__(self, error: Exception, failures: int) -> None:
-        self.error, self.failures, self.calls = error, failures, 0
-
-    def run(self, stage, config_path, overrides, env, *, name=None) -> StageResult:
-        self.calls += 1
-        if self.calls <= self.failures:
-            raise self.error
-        return StageResult({"accuracy": 0.5}, "", 0.1)
-
-
-def _run_stage_in_a_flow(launcher: _FlakyLauncher, store: Path) -> Any:
+def _run_stage_in_a_flow(launcher: FlakyLauncher, store: Path) -> Any:
     from prefect import flow
 
     call = StageCall("eval-base", "eval", None, (), "k1", str(store))
@@ -255,16 +226,16 @@ def _run_stage_in_a_flow(launcher: _FlakyLauncher, store: Path) -> Any:
 
 
 def test_transient_failures_are_retried(prefect_api, tmp_path: Path) -> None:
-    launcher = _FlakyLauncher(TransientStageError("eval-base", "API answered 503"), failures=2)
+    launcher = FlakyLauncher(TransientStageError("eval-base", "API answered 503"), failures=2)
     state = _run_stage_in_a_flow(launcher, tmp_path)
     assert state.is_completed()
     assert launcher.calls == 3
-    assert state.result()["summary"] == {"accuracy": 0.5}
+    assert state.result()["summary"] == {"accuracy": 0.5, "num_problems": 4}
     assert (tmp_path / "eval-base-k1.json").is_file()
 
 
 def test_config_errors_are_not_retried(prefect_api, tmp_path: Path) -> None:
-    launcher = _FlakyLauncher(StageConfigError("eval-base", "label: bad"), failures=5)
+    launcher = FlakyLauncher(StageConfigError("eval-base", "label: bad"), failures=5)
     state = _run_stage_in_a_flow(launcher, tmp_path)
     assert state.is_failed()
     assert launcher.calls == 1
