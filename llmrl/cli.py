@@ -10,7 +10,8 @@ Subcommands so far:
   last line of stdout, so a pipeline can read it with ``tail -n 1``.
 - ``llmrl sft|grpo|eval --config YAML [--set KEY=VALUE ...]``: the training stages
   (:mod:`llmrl.train`); each prints the resolved config first and a one-line JSON summary of its
-  result (final checkpoint, metrics) as the last line of stdout.
+  result (final checkpoint, metrics; ``tracking_spool``: spool files left for an MLflow server
+  that stayed away) as the last line of stdout.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import logging
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 from llmrl.config import ConfigError
 from llmrl.models import DEFAULT_MODEL, MissingExtraError, ModelSpecError
@@ -66,9 +68,19 @@ def _run_stage(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, *(["progress=false"] if args.no_progress else [])]
     config = load_config(config_cls, args.config, overrides)
     print(dump_config(config), end="", flush=True)
+    from llmrl.tracking import left_spools
+
+    spools_before = len(left_spools())
     result = run(config)
-    print(json.dumps(dataclasses.asdict(result), default=str))
+    spools = left_spools()[spools_before:]  # the stage's own
+    print(json.dumps(stage_summary(result, spools), default=str))
     return 0
+
+
+def stage_summary(result: object, spools: list[Path]) -> dict:
+    """The stage's one-line JSON summary: its result, and ``tracking_spool``: the spool files
+    holding what the MLflow server was not there to take (empty when everything was sent)."""
+    return {**dataclasses.asdict(result), "tracking_spool": [str(p) for p in spools]}
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,8 @@ Example::
 
 from __future__ import annotations
 
+from llmrl.tracking.connection import left_spools
 from llmrl.tracking.spool import flush_spool
 from llmrl.tracking.tracker import Tracker, default_tracking_uri, flatten_params
 
-__all__ = ["Tracker", "default_tracking_uri", "flatten_params", "flush_spool"]
+__all__ = ["Tracker", "default_tracking_uri", "flatten_params", "flush_spool", "left_spools"]

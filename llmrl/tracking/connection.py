@@ -39,6 +39,15 @@ logger = logging.getLogger("llmrl.tracking")
 
 MAX_RETRY_DELAY_S = 60.0
 
+_LEFT_BEHIND: list[Path] = []
+
+
+def left_spools() -> list[Path]:
+    """The spool metric files (``<base>.jsonl``) that runs of this process left on disk because
+    the server was still away when they finished, in order (the CLI names them in its summary;
+    :func:`~llmrl.tracking.flush_spool` replays them)."""
+    return list(_LEFT_BEHIND)
+
 
 class RunLink:
     """The connection of one tracker to one run (see the module docstring).
@@ -190,6 +199,7 @@ class RunLink:
         spool = self.spool()
         spool.meta["status"] = status
         spool.save_meta()
+        _LEFT_BEHIND.append(spool.metrics_path)
         logger.warning(
             "MLflow tracking server %s unreachable at the end of stage %r (run %s): %d metric "
             "records and the final status stay in the spool %s; replay them with "

@@ -1,0 +1,173 @@
+"""Tracking faults: the MLflow server stops in the middle of a real (tiny-model) SFT stage.
+
+The stage runs in this process through the CLI's entry point (``llmrl.cli.main``) against a
+real ``mlflow server`` (SQLite, 127.0.0.1); the server is stopped right after step 2's metrics
+were sent. Training must go on to the last step, and no metric may be lost:
+
+- the server comes back mid-run: the spool is replayed on the next logging call, and every
+  step's metrics are in MLflow exactly once;
+- the server stays away: the summary line names the spool file, which holds every metric
+  MLflow did not get; replaying it (``flush_spool``) once the server is back completes the run.
+
+``tests/tracking/test_tracker.py`` covers the same outage for a bare :class:`Tracker`; here
+it happens under a training stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmrl.cli import main
+from llmrl.tracking import Tracker, flush_spool
+from tests.tracking.conftest import MlflowServer
+from tests.train.conftest import (  # noqa: F401 (fixtures)
+    _isolated,
+    arithmetic_data,
+    metric_steps,
+    mlflow_server,
+    run_id_of,
+    tiny_model_dir,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS = 6
+STOP_AFTER = 2  # the server stops once this step's metrics were sent
+
+
+class MetricsTap:
+    """Records what the SFT stage logs per step, and runs ``events[step]()`` once the tracker
+    has handled that step's metrics (sent, or spooled)."""
+
+    def __init__(self, events: dict[int, Callable[[], None]]) -> None:
+        self.events = events
+        self.logged: dict[int, dict[str, float]] = {}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        log_metrics = Tracker.log_metrics
+
+        def tapped(tracker: Tracker, metrics: dict[str, float], step: int) -> None:
+            log_metrics(tracker, metrics, step)
+            if tracker.stage == "sft":
+                self.logged[step] = dict(metrics)
+                self.events.get(step, lambda: None)()
+
+        monkeypatch.setattr(Tracker, "log_metrics", tapped)
+
+
+@pytest.fixture
+def run_sft(
+    tiny_model_dir: Path,  # noqa: F811
+    arithmetic_data: Path,  # noqa: F811
+    mlflow_server: MlflowServer,  # noqa: F811
+    capsys: pytest.CaptureFixture,
+) -> Callable[[], dict[str, Any]]:
+    """Runs ``llmrl sft`` (6 steps, logging to the server) in this process; returns its JSON
+    summary line."""
+    sets = [
+        f"model.name={tiny_model_dir}",
+        f"data.path={arithmetic_data}",
+        f"tracking.tracking_uri={mlflow_server.uri}",
+        f"steps={STEPS}",
+        "batch_size=2",
+        f"eval_every={STEPS}",
+        f"checkpoint.every={STEPS}",
+        "output_dir=sft",
+    ]
+
+    def run() -> dict[str, Any]:
+        capsys.readouterr()
+        code = main(["sft", "--no-progress", *(arg for s in sets for arg in ("--set", s))])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        return json.loads(out.strip().splitlines()[-1])
+
+    return run
+
+
+def spooled(spool_dir: Path) -> set[tuple[str, int]]:
+    """``(key, step)`` of every metric record in the spool folder."""
+    records = [
+        json.loads(line)
+        for path in spool_dir.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    return {(r["key"], r["step"]) for r in records}
+
+
+def assert_every_step_once(uri: str, run_id: str, logged: dict[int, dict[str, float]]) -> None:
+    """Every metric the stage logged is in the run, at each of its steps, exactly once."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    keys = {key for metrics in logged.values() for key in metrics}
+    for key in keys:
+        want = sorted(step for step, metrics in logged.items() if key in metrics)
+        assert sorted(metric_steps(uri, run_id, key)) == want, key
+    for m in client.get_metric_history(run_id, "loss"):
+        assert math.isclose(m.value, logged[m.step]["loss"], rel_tol=1e-6)
+
+
+def test_server_back_mid_run_gets_every_step_once(
+    run_sft: Callable[[], dict[str, Any]],
+    mlflow_server: MlflowServer,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spool_dir = tmp_path / "spool"
+    during: dict[str, set] = {}
+
+    def come_back() -> None:
+        during["spooled"] = spooled(spool_dir)
+        mlflow_server.start()
+
+    tap = MetricsTap({STOP_AFTER: mlflow_server.stop, 4: come_back})
+    tap.install(monkeypatch)
+    summary = run_sft()
+
+    assert summary["step"] == STEPS and sorted(tap.logged) == list(range(1, STEPS + 1))
+    assert {("loss", 3), ("loss", 4)} <= during["spooled"], "steps 3-4 waited in the spool"
+    assert ("loss", STOP_AFTER) not in during["spooled"]
+    assert summary["tracking_spool"] == []
+    assert list(spool_dir.glob("*.jsonl")) == []
+    run_id = run_id_of(summary["final_checkpoint"])
+    assert_every_step_once(mlflow_server.uri, run_id, tap.logged)
+    from mlflow import MlflowClient
+
+    assert MlflowClient(mlflow_server.uri).get_run(run_id).info.status == "FINISHED"
+
+
+def test_server_gone_for_good_leaves_a_named_spool_with_every_missing_metric(
+    run_sft: Callable[[], dict[str, Any]],
+    mlflow_server: MlflowServer,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tap = MetricsTap({STOP_AFTER: mlflow_server.stop})
+    tap.install(monkeypatch)
+    summary = run_sft()
+    assert mlflow_server.proc.poll() is not None, "the server stayed away to the end"
+    assert summary["step"] == STEPS and sorted(tap.logged) == list(range(1, STEPS + 1))
+
+    (spool_file,) = summary["tracking_spool"]
+    spool_file = Path(spool_file)
+    assert spool_file.parent == tmp_path / "spool" and spool_file.suffix == ".jsonl"
+    missing = {(k, s) for s, metrics in tap.logged.items() if s > STOP_AFTER for k in metrics}
+    assert spooled(spool_file.parent) == missing
+    run_id = run_id_of(summary["final_checkpoint"])
+    assert spool_file.name == f"{run_id}.jsonl"
+
+    mlflow_server.start()
+    assert flush_spool(spool_file.parent, mlflow_server.uri) == len(missing)
+    assert not spool_file.exists()
+    assert_every_step_once(mlflow_server.uri, run_id, tap.logged)
+    from mlflow import MlflowClient
+
+    assert MlflowClient(mlflow_server.uri).get_run(run_id).info.status == "FINISHED"
