@@ -21,11 +21,15 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
+from typing import TypeVar
 
 from llmrl.config import ConfigError
 from llmrl.models import DEFAULT_MODEL, MissingExtraError, ModelSpecError
+
+T = TypeVar("T")
 
 
 def _convert_model(args: argparse.Namespace) -> int:
@@ -47,7 +51,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
     config = load_config(PrepareConfig, args.config, args.overrides)
     print(dump_config(config), end="", flush=True)
-    prepared = prepare_dataset(config, progress=not args.no_progress)
+    prepared = _run_configured(
+        args, args.overrides, lambda: prepare_dataset(config, progress=not args.no_progress)
+    )
     rows, skipped = prepared.manifest["rows"], prepared.manifest["skipped"]
     skipped_text = ", ".join(f"{reason}: {n}" for reason, n in skipped.items()) or "none"
     state = "reused" if prepared.reused else "prepared"
@@ -71,7 +77,7 @@ def _run_stage(args: argparse.Namespace) -> int:
     from llmrl.tracking import left_spools
 
     spools_before = len(left_spools())
-    result = run(config)
+    result = _run_configured(args, overrides, lambda: run(config))
     spools = left_spools()[spools_before:]  # the stage's own
     print(json.dumps(stage_summary(result, spools), default=str))
     return 0
@@ -81,6 +87,26 @@ def stage_summary(result: object, spools: list[Path]) -> dict:
     """The stage's one-line JSON summary: its result, and ``tracking_spool``: the spool files
     holding what the MLflow server was not there to take (empty when everything was sent)."""
     return {**dataclasses.asdict(result), "tracking_spool": [str(p) for p in spools]}
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    """``--log-level``: a logging level name, any case."""
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown level {text!r}; use one of {', '.join(LOG_LEVELS)}"
+        )
+    return text.upper()
+
+
+def _run_configured(args: argparse.Namespace, overrides: list[str], run: Callable[[], T]) -> T:
+    """``run()``; a config problem it finds names where its field was set (file or ``--set``)."""
+    try:
+        return run()
+    except ConfigError as error:
+        raise error.located(args.config, overrides) from None
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``llmrl`` command."""
     parser = argparse.ArgumentParser(prog="llmrl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"llmrl {version('llmrl')}")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=_log_level,
+        help=f"logging level: {', '.join(LOG_LEVELS)} (default: INFO)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     convert = commands.add_parser(
         "convert-model", help="convert a GGUF model into llmrl's safetensors cache"

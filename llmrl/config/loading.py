@@ -55,6 +55,27 @@ class ConfigError(ValueError):
     def __reduce__(self) -> tuple:
         return (type(self), (self.problems,))
 
+    def located(self, path: str | Path | None, overrides: Iterable[str] = ()) -> ConfigError:
+        """This error, each ``<dotted.field>: ...`` problem told where its field was set.
+
+        For problems found after loading (a stage rejecting a value it was given): the problem
+        gets `` (set by --set KEY=VALUE)`` or `` (set in FILE)``; a field left at its default
+        keeps its problem as it is.
+        """
+        data = _read_yaml(Path(path)) if path is not None else {}
+        overridden = {_parse_override(override)[0]: override for override in overrides}
+        problems = []
+        for problem in self.problems:
+            named = _LEADING_KEY.match(problem)
+            keys = tuple(named.group(1).split(".")) if named else ()
+            origin = _origin_of(keys, "", overridden) if keys else ""
+            if origin:
+                problem += f" (set by {origin})"
+            elif keys and _has_key(data, keys):
+                problem += f" (set in {path})"
+            problems.append(problem)
+        return ConfigError(problems)
+
 
 def load_config(
     model_cls: type[ModelT], path: str | Path | None, overrides: Iterable[str] = ()
@@ -198,6 +219,14 @@ def _origin_of(loc: tuple[str, ...], origin: str, overridden: dict[tuple[str, ..
         if size and keys[:size] == loc[:size]:
             return f"--set {override}"
     return origin
+
+
+def _has_key(data: Any, keys: tuple[str, ...]) -> bool:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return False
+        data = data[key]
+    return True
 
 
 def _dotted(loc: Sequence[str | int]) -> str:

@@ -179,7 +179,8 @@ def read_rows(
 
 
 def count_rows(source: DataSource) -> int | None:
-    """A cheap row count (non-blank JSONL lines, Parquet metadata), or None when it is not cheap."""
+    """A cheap row count (non-blank JSONL lines, Parquet metadata), or None when it is not cheap
+    or the file cannot be read."""
     if source.kind == "jsonl":
         count = 0
         with open(source.location, "rb") as stream:
@@ -189,7 +190,10 @@ def count_rows(source: DataSource) -> int | None:
     if source.kind == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(source.location).metadata.num_rows
+        try:
+            return pq.ParquetFile(source.location).metadata.num_rows
+        except Exception:  # unreadable: the reader reports it, naming the file
+            return None
     return None
 
 

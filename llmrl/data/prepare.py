@@ -171,7 +171,7 @@ def load_prepared(path: str | Path) -> tuple[list[Problem], list[Problem]]:
             preparation (the message names it).
     """
     folder = Path(path)
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     _verify_files(folder, manifest)
     splits = []
     for split, name in SPLIT_FILES.items():
@@ -241,16 +241,16 @@ def _write_generated(config: PrepareConfig, module: Any, writer: _SplitWriter) -
         task = task_cls(**options)
     except TypeError as error:
         accepted = ", ".join(inspect.signature(task_cls).parameters)
-        raise ConfigError([f"config: generate.options: {error} (accepted: {accepted})"]) from None
+        raise ConfigError([f"generate.options: {error} (accepted: {accepted})"]) from None
     except ValueError as error:
-        raise ConfigError([f"config: generate.options: {error}"]) from None
+        raise ConfigError([f"generate.options: {error}"]) from None
     seed = config.generate.seed
     for split, size in (("train", config.generate.train_size), ("eval", config.generate.eval_size)):
         logger.info("generating %d %s problems of %s (seed %d)", size, split, config.task, seed)
         try:
             problems = task.generate(size, seed, split)
         except ValueError as error:
-            raise ConfigError([f"config: generate.{split}_size: {error}"]) from None
+            raise ConfigError([f"generate.{split}_size: {error}"]) from None
         for problem in problems:
             writer.write(split, problem)
     generated = {"class": f"{module.__name__}.{task_cls.__name__}", "options": options}
@@ -316,9 +316,11 @@ class _RowCopier:
         config, spec = self.config, item.source.spec
         columns = {name: config.columns.get(name, name) for name in SOURCE_TASK_FIELDS[config.task]}
         logger.info("reading %s%s", spec, f" [{item.split}]" if item.split else "")
+        # Whole rows (not just `columns`): a row missing a column is reported with the fields
+        # it does have, so a misnamed column is easy to spot.
         rows = read_rows(
             item.source,
-            list(columns.values()),
+            None,
             split=item.split,
             subset=config.subset,
             revision=config.revision,
@@ -405,8 +407,13 @@ def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """The ``manifest.json`` of a prepared folder, after checking it lists both split files.
+
+    Raises:
+        DatasetError: the manifest is missing, not JSON, or not a prepared dataset's.
+    """
+    path = Path(folder) / MANIFEST
     if not path.is_file():
         raise DatasetError("not a prepared dataset: manifest.json is missing", file=folder)
     try:
@@ -437,7 +444,7 @@ def _reusable(final: Path, digest: str) -> dict[str, Any] | None:
     if not final.exists():
         return None
     try:
-        manifest = _read_manifest(final)
+        manifest = read_manifest(final)
         if manifest.get("digest") != digest or manifest.get("format_version") != FORMAT_VERSION:
             raise DatasetError("manifest is for other inputs", file=final / MANIFEST)
         _verify_files(final, manifest)

@@ -13,11 +13,12 @@ import importlib.util
 import logging
 import os
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
 
-from llmrl.models.errors import MissingExtraError
+from llmrl.models.errors import MissingExtraError, ModelSpecError
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,12 @@ def ensure_converted(gguf_path: str | Path) -> Path:
     try:
         started = time.perf_counter()
         logger.info("Converting %s to safetensors in %s (once)", gguf_path, target)
-        _convert(Path(gguf_path), staging)
+        try:
+            _convert(Path(gguf_path), staging)
+        except (ValueError, struct.error, EOFError) as error:  # the GGUF reader's complaints
+            raise ModelSpecError(
+                f"model file {gguf_path} is not a readable GGUF file ({error})"
+            ) from None
         _publish(staging, target)
         logger.info("Converted in %.1f s", time.perf_counter() - started)
     finally:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,15 @@ class GenerationKwargs:
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
         _check_int("num_return_sequences", self.num_return_sequences, minimum=1)
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            _check_number(name, getattr(self, name), optional=name == "temperature")
+        for name in ("do_sample", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise GenerationKwargsError(
+                    f"{name} must be true or false, got {getattr(self, name)!r}"
+                )
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=-(2**63))
         if self.temperature is not None and self.temperature < 0:
             raise GenerationKwargsError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:
@@ -90,6 +100,10 @@ class GenerationKwargs:
             values[name] = value
         if "stop_sequences" in values and values["stop_sequences"] is not None:
             stops = values["stop_sequences"]
+            if not isinstance(stops, (str, list, tuple)):
+                raise GenerationKwargsError(
+                    f"stop_sequences must be a list of non-empty strings, got {stops!r}"
+                )
             values["stop_sequences"] = (stops,) if isinstance(stops, str) else tuple(stops)
         return cls(**values)
 
@@ -140,3 +154,10 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise GenerationKwargsError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise GenerationKwargsError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_number(name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GenerationKwargsError(f"{name} must be a finite number, got {value!r}")

@@ -3,7 +3,6 @@ its MLflow tracker."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,8 @@ from tqdm import tqdm
 
 from llmrl.config.common import CheckpointConfig, StageConfig
 from llmrl.config.loading import ConfigError
+from llmrl.data.datasets import DatasetError
+from llmrl.data.prepare import read_manifest
 from llmrl.envs.tasks import Task, make_task
 from llmrl.train.checkpoint import CheckpointManager, TrainState
 
@@ -24,6 +25,7 @@ def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
 
     Raises:
         ConfigError: ``path`` is not a prepared dataset (a user error: the CLI exits 2).
+        DatasetError: its manifest is broken or names an unknown task.
     """
     manifest_path = Path(path) / "manifest.json"
     if not manifest_path.is_file():
@@ -31,9 +33,26 @@ def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
         raise ConfigError(
             [f"data.path: {path} {what}: not a prepared dataset; run `llmrl prepare` first"]
         )
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest = read_manifest(path)
     generated = manifest.get("generated") or {}
-    return make_task(manifest["task"], **generated.get("options", {})), manifest
+    try:
+        return make_task(manifest.get("task"), **generated.get("options", {})), manifest
+    except (TypeError, ValueError) as error:
+        raise DatasetError(f"names no usable task ({error})", file=manifest_path) from None
+
+
+def require_device(device: str) -> None:
+    """Fail early, as a config problem, when ``model.device`` cannot hold tensors here.
+
+    Raises:
+        ConfigError: an unknown device type (``tpu``), or one this machine lacks (``cuda:7``).
+    """
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:  # torch raises AssertionError without CUDA
+        raise ConfigError(
+            [f"model.device: {device!r} cannot be used on this machine ({error})"]
+        ) from None
 
 
 def seed_everything(seed: int) -> None:

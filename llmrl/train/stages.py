@@ -5,27 +5,36 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from llmrl.config.common import StageConfig
 from llmrl.config.evaluate import EvalConfig
 from llmrl.config.grpo import GRPOConfig
 from llmrl.config.sft import SFTConfig
 
 
+def _on_its_device(config: StageConfig, run: Callable[[Any], Any]) -> Any:
+    """``run(config)``, after checking that ``model.device`` exists here (torch is loaded now)."""
+    from llmrl.train.stage import require_device
+
+    require_device(config.model.device)
+    return run(config)
+
+
 def _sft(config: SFTConfig) -> Any:
     from llmrl.train.sft import run_sft
 
-    return run_sft(config)
+    return _on_its_device(config, run_sft)
 
 
 def _grpo(config: GRPOConfig) -> Any:
     from llmrl.train.grpo import run_grpo
 
-    return run_grpo(config)
+    return _on_its_device(config, run_grpo)
 
 
 def _eval(config: EvalConfig) -> Any:
     from llmrl.train.evaluate import evaluate
 
-    return evaluate(config)
+    return _on_its_device(config, evaluate)
 
 
 STAGES: dict[str, tuple[type, Callable[[Any], Any]]] = {
