@@ -75,6 +75,10 @@ class AsyncRollouts:
         with self._lock:
             self.collector.update_policy_weights_(self.trainer_model.state_dict())
 
+    def metrics(self) -> dict[str, float]:
+        """The collector's counters as tracker metrics (``collector/<name>``)."""
+        return self.collector.metrics()
+
     def state_dict(self) -> dict[str, Any]:
         """The collector's state, read between batches (never while one is being collected)."""
         with self._lock:

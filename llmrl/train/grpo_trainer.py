@@ -208,6 +208,7 @@ class GRPOTrainer:
         metrics.update(
             timings, **counters, policy_version=self.rollouts.policy_version, staleness=stale
         )
+        metrics.update(self.rollouts.metrics())  # collector/*: turns, batches, actor restarts
         metrics["tokens_per_second"] = metrics["response_tokens"] / max(
             timings["generation_seconds"], 1e-9
         )

@@ -115,6 +115,7 @@ def test_grpo_sync_with_reference_kl_and_entropy_logs_every_metric(
     assert metrics["tokens_per_second"] > 0 and metrics["generation_seconds"] > 0
     assert metrics["training_seconds"] > 0 and metrics["weight_sync_seconds"] >= 0
     assert metric_values(mlflow_uri, run_id, "policy_version") == [1, 2]
+    assert metric_values(mlflow_uri, run_id, "collector/yielded_turns") == [4, 8]
     assert metric_values(mlflow_uri, run_id, "staleness") == [0, 0]
     assert metric_values(mlflow_uri, run_id, "lr") == pytest.approx([1e-4, 1e-4])
 
