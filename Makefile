@@ -15,7 +15,7 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 # (SFT -> GRPO with the real SmolLM2, 7-15 minutes on 2 cores): `make check-learning`.
 PYTEST_ARGS ?= -m "not learning"
 
-.PHONY: test check-learning run lint format chart-schema clean-venv
+.PHONY: test check-learning run bench bench-learning lint format chart-schema clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,20 @@ run: $(VENV)/.installed-run
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
+# against raw transformers, TorchRL and TRL, about 15 minutes on 2 cores. The peers are installed
+# into benchmarks/.peers-venv on first use, never into $(VENV).
+BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+bench: $(VENV)/.installed-run
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python rollout.py
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python overhead.py
+
+# Learning per wall-clock second, llmrl vs TRL (BUDGET minutes each, plus SFT and evaluation).
+BUDGET ?= 20
+bench-learning: $(VENV)/.installed-run
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python learning.py --budget-minutes $(BUDGET)
 
 check-learning: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m learning -s

@@ -1,129 +1,98 @@
-"""Generation throughput: llmrl's TransformersWrapper vs raw Hugging Face ``generate``.
+"""Rollout generation throughput: llmrl vs raw Hugging Face ``generate`` vs TorchRL.
 
-Both contenders sample from the same model, the same left-padded prompts, with the same seed
-each repetition, so they draw exactly the same tokens: the ratio of their times is the ratio of
-their throughputs. The wrapper does everything a rollout needs on top (chat templating, sampling
-log-probs, decoding, output containers); raw HF gets pre-tokenized prompts and returns ids.
-Runs alternate (wrapper, HF, wrapper, HF, ...) after one warm-up each.
+Three worker processes (llmrl's ``TransformersWrapper`` and raw HF in the project's venv,
+TorchRL's ``TransformersWrapper`` in the peers' venv) load the same exported model and sample
+``samples`` responses for each of the same ``batch`` chats, ``new-tokens`` at most, fp32 on CPU,
+with the same seed per repetition. llmrl and TorchRL also return sampling log-probs and decoded
+text (what a rollout needs); raw HF returns ids. After a warm-up, repetitions alternate
+between the contenders; the medians and ratios are printed.
 
-    python benchmarks/rollout.py                       # SmolLM2-135M, batch 8, 64 new tokens
-    python benchmarks/rollout.py --batch 8 --samples 4 --reps 5
+    python benchmarks/rollout.py                     # 8 chats x 4 samples, 64 new tokens
+    python benchmarks/rollout.py --reps 3 --no-peers # llmrl vs raw HF only
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
-import torch
-from tensordict import TensorDict
+from harness import Contender, alternate, median_of, print_table, verdict
+from workload import exported_model, rollout_chats
 
-from llmrl.data import ChatHistory, History, pad_sequences
-from llmrl.models import load_model, load_tokenizer
-from llmrl.policies import TransformersWrapper
-
-QUESTIONS = [
-    "What is 17 + 25?",
-    "Name three primary colours.",
-    "Write a haiku about the sea.",
-    "Explain what a prime number is.",
-    "How many legs does a spider have?",
-    "What is the capital of Japan?",
-    "Give me a synonym for 'happy'.",
-    "Why is the sky blue?",
-]
-
-
-def _prompts(batch: int) -> History:
-    chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(batch)]
-    return History.from_chats(chats)
+TARGET_VS_HF, TARGET_VS_TORCHRL = 0.97, 1.2
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=1, help="responses per prompt")
+    parser.add_argument("--samples", type=int, default=4, help="responses per chat")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--no-peers", action="store_true", help="skip TorchRL (no peers venv)")
     args = parser.parse_args()
-    torch.set_grad_enabled(False)
 
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model)
-    history = _prompts(args.batch)
-    td = TensorDict({"history": ChatHistory(prompt=history, batch_size=[args.batch])}, [args.batch])
-    policy = TransformersWrapper(
-        model,
-        tokenizer,
-        num_samples=args.samples,
-        generate_kwargs={"max_new_tokens": args.new_tokens},
-    )
-    prompt_ids = history.apply_chat_template(tokenizer, add_generation_prompt=True).as_list(
-        "input_ids"
-    )
-    input_ids, mask = pad_sequences(prompt_ids, "left", tokenizer.pad_token_id)
+    options = {
+        "model": str(exported_model(args.model)),
+        "chats": rollout_chats(args.batch),
+        "batch": args.batch,
+        "samples": args.samples,
+        "new_tokens": args.new_tokens,
+    }
+    specs = [
+        ("llmrl", sys.executable, "llmrl_side.py", "rollout"),
+        ("raw HF", sys.executable, "llmrl_side.py", "raw_hf"),
+    ]
+    if not args.no_peers:
+        from peers import peers_python
 
-    def run_wrapper(seed: int) -> int:
-        out = policy.get_new_version(
-            generate_kwargs={"max_new_tokens": args.new_tokens, "seed": seed}
-        )(td)
-        return sum(len(r) for r in out.reshape(-1)["tokens"].as_list("response"))
+        specs.append(("TorchRL", peers_python(), "torchrl_side.py", "rollout"))
+    contenders = [
+        Contender(n, py, script, {**options, "kind": kind}) for n, py, script, kind in specs
+    ]
+    try:
+        results = alternate(contenders, reps=args.reps)
+    finally:
+        for contender in contenders:
+            contender.close()
+    report(args, contenders, results)
 
-    def run_hf(seed: int) -> int:
-        torch.manual_seed(seed)
-        sequences = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask.long(),
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=args.new_tokens,
-            num_return_sequences=args.samples,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        generated = sequences[:, input_ids.shape[1] :]
-        ended = (generated == tokenizer.eos_token_id).int()
-        first_eos = torch.where(ended.any(1), ended.argmax(1) + 1, generated.shape[1])
-        return int(first_eos.sum())
 
-    timings: dict[str, list[float]] = {"llmrl TransformersWrapper": [], "raw HF generate": []}
-    cpu: dict[str, list[float]] = {name: [] for name in timings}
-    tokens: dict[str, list[int]] = {name: [] for name in timings}
-    contenders = list(zip(timings, (run_wrapper, run_hf), strict=True))
-    for name, run in contenders:  # warm-up
-        run(seed=1234)
-        print(f"warm-up done: {name}", flush=True)
-    for rep in range(args.reps):
-        for name, run in contenders:
-            started, cpu_started = time.perf_counter(), time.process_time()
-            tokens[name].append(run(seed=rep))
-            timings[name].append(time.perf_counter() - started)
-            cpu[name].append(time.process_time() - cpu_started)
-        print(f"rep {rep + 1}/{args.reps} done", flush=True)
-
+def report(args: argparse.Namespace, contenders: list[Contender], results: dict) -> None:
     print(
-        f"\nmodel {args.model}, batch {args.batch} x {args.samples} samples, "
-        f"{args.new_tokens} new tokens, sampling, fp32, {torch.get_num_threads()} threads"
+        f"\nrollout: {Path(args.model).name}, {args.batch} chats x {args.samples} samples, "
+        f"<= {args.new_tokens} new tokens, sampling, fp32, CPU, "
+        f"{contenders[0].info['torch_threads']} threads, median of {args.reps}"
     )
-    print(f"{'contender':28s} {'median s':>9s} {'CPU s':>7s} {'tokens':>7s} {'tokens/s':>9s}")
-    rates = {}
-    for name in timings:
-        median = statistics.median(timings[name])
-        count = statistics.median(tokens[name])
-        rates[name] = count / median
-        cpu_median = statistics.median(cpu[name])
-        print(f"{name:28s} {median:9.2f} {cpu_median:7.2f} {count:7.0f} {rates[name]:9.1f}")
-    if tokens["llmrl TransformersWrapper"] != tokens["raw HF generate"]:
-        print("warning: the contenders generated different token counts")
-    ratio = rates["llmrl TransformersWrapper"] / rates["raw HF generate"]
-    cpu_ratio = statistics.median(cpu["raw HF generate"]) / statistics.median(
-        cpu["llmrl TransformersWrapper"]
-    )
-    print(f"\nratio llmrl / raw HF (tokens/s, wall): {ratio:.3f}   (target >= 0.97)")
-    print(f"ratio llmrl / raw HF (tokens per CPU second): {cpu_ratio:.3f}")
+    rate = {}
+    rows = []
+    for contender in contenders:
+        runs = results[contender.name]
+        seconds, tokens = median_of(runs, "seconds"), median_of(runs, "tokens")
+        rate[contender.name] = tokens / seconds
+        rows.append(
+            [
+                contender.name,
+                f"{seconds:.2f}",
+                f"{median_of(runs, 'cpu_seconds'):.2f}",
+                f"{tokens:.0f}",
+                f"{rate[contender.name]:.1f}",
+            ]
+        )
+    print_table(rows, ["contender", "median s", "CPU s", "tokens", "tokens/s"])
+    same = results["llmrl"] and [r["tokens"] for r in results["llmrl"]] == [
+        r["tokens"] for r in results["raw HF"]
+    ]
+    print(f"llmrl and raw HF sampled the same number of tokens every repetition: {same}")
+    vs_hf = rate["llmrl"] / rate["raw HF"]
+    print(f"\nratio llmrl / raw HF (tokens/s): {vs_hf:.3f}  {verdict(vs_hf, TARGET_VS_HF, True)}")
+    if "TorchRL" in rate:
+        vs_trl = rate["llmrl"] / rate["TorchRL"]
+        print(
+            f"ratio llmrl / TorchRL (tokens/s): {vs_trl:.3f}  "
+            f"{verdict(vs_trl, TARGET_VS_TORCHRL, True)}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""One full GRPO iteration: llmrl vs TRL's ``GRPOTrainer``, configured identically.
+
+Both sides start from the same exported model and the same arithmetic prompts (8 by default),
+sample G = 4 completions per prompt (at most 64 new tokens, temperature 1, no top-k/top-p),
+score them with the same reward (llmrl's arithmetic scorer), compute group-relative advantages,
+the clipped loss (beta = 0: no reference model; one update per batch, so no old-log-prob pass),
+backward, clip the gradient norm to 1, take an AdamW step at the same learning rate, and make
+the new weights the sampler's. Each contender is a worker process (TRL in the peers' venv); the
+steps alternate between them after a warm-up step each. Printed: median step time, where it
+goes (generation / loss forward / backward / optimizer / other), and the ratio.
+
+TRL runs with its defaults for everything not named above; its default turns gradient
+checkpointing on, which trades backward time for memory. ``--trl-variants`` adds a TRL
+contender with gradient checkpointing off (the same compute as llmrl's step).
+
+    python benchmarks/grpo_step.py
+    python benchmarks/grpo_step.py --reps 3 --trl-variants
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness import Contender, alternate, median_of, print_table, verdict
+from peers import peers_python
+from workload import arithmetic_data, exported_model
+
+TARGET = 0.6  # llmrl step time / TRL step time
+PHASES = ("generation", "loss forward", "backward", "optimizer", "weight sync", "other")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=4, help="group size G")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--trl-variants", action="store_true", help="also TRL without gradient checkpointing"
+    )
+    args = parser.parse_args()
+
+    data, workload = arithmetic_data(args.prompts)
+    options = {
+        "model": str(exported_model(args.model)),
+        "data": str(data),
+        "prompts": args.prompts,
+        "samples": args.samples,
+        "new_tokens": args.new_tokens,
+        "lr": args.lr,
+        **workload,
+    }
+    peers = peers_python()
+    contenders = [
+        Contender("llmrl", sys.executable, "llmrl_side.py", {**options, "kind": "grpo_step"})
+    ]
+    contenders.append(
+        Contender("TRL", peers, "trl_side.py", {**options, "gradient_checkpointing": True})
+    )
+    if args.trl_variants:
+        contenders.append(
+            Contender(
+                "TRL (no grad ckpt)",
+                peers,
+                "trl_side.py",
+                {**options, "gradient_checkpointing": False},
+            )
+        )
+    try:
+        results = alternate(contenders, reps=args.reps)
+    finally:
+        for contender in contenders:
+            contender.close()
+
+    print(
+        f"\nGRPO step: {args.prompts} prompts x G={args.samples}, <= {args.new_tokens} new tokens, "
+        f"lr {args.lr}, fp32, CPU, {contenders[0].info['torch_threads']} threads, "
+        f"median of {args.reps} steps after 1 warm-up; TRL {contenders[1].info['trl']}"
+    )
+    rows = []
+    for contender in contenders:
+        runs = results[contender.name]
+        row = [contender.name, f"{median_of(runs, 'seconds'):.2f}"]
+        row += [f"{median_of(runs, 'phases.' + phase):.2f}" for phase in PHASES]
+        rows.append(row)
+    print_table(rows, ["contender", "step s", *PHASES])
+    llmrl = median_of(results["llmrl"], "seconds")
+    for contender in contenders[1:]:
+        ratio = llmrl / median_of(results[contender.name], "seconds")
+        print(
+            f"ratio llmrl / {contender.name} (step time): {ratio:.3f}  "
+            f"{verdict(ratio, TARGET, higher_is_better=False)}"
+        )
+
+
+if __name__ == "__main__":
+    main()

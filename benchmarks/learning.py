@@ -1,0 +1,144 @@
+"""Learning per wall-clock second: llmrl vs TRL GRPO on the arithmetic task (long; not in CI).
+
+Both start from the same SFT checkpoint (made by ``llmrl sft`` with ``configs/sft.yaml`` unless
+``--sft`` names one), train on the same prepared arithmetic train split with the same GRPO
+settings for the same wall-time budget, one after the other (never at the same time), and save
+their model at 60% and 100% of the budget. llmrl's evaluator then scores every saved model and
+the starting checkpoint on the same held-out problems (greedy). Target: llmrl at 60% of the
+budget is at least as accurate as TRL at 100%.
+
+    python benchmarks/learning.py --budget-minutes 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import WORK_DIR, Contender, print_table
+from peers import peers_python
+from workload import arithmetic_data, exported_model
+
+MARKS = (0.6, 1.0)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--sft", help="SFT model folder to start from (default: run llmrl sft)")
+    parser.add_argument("--budget-minutes", type=float, default=20.0)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--eval-rows", type=int, default=100)
+    args = parser.parse_args()
+
+    data, workload = arithmetic_data(None)
+    start = Path(args.sft) if args.sft else sft_checkpoint(exported_model(args.model), data)
+    out_dir = WORK_DIR / "learning"
+    options = {
+        "kind": "learning",
+        "model": str(start),
+        "data": str(data),
+        "prompts": args.prompts,
+        "samples": args.samples,
+        "new_tokens": args.new_tokens,
+        "lr": args.lr,
+        "budget_seconds": args.budget_minutes * 60,
+        "marks": list(MARKS),
+        "out_dir": str(out_dir),
+        "gradient_checkpointing": True,
+        **workload,
+    }
+    saved = {}
+    for name, python, script in (
+        ("llmrl", sys.executable, "llmrl_side.py"),
+        ("TRL", peers_python(), "trl_side.py"),
+    ):
+        print(f"training {name} for {args.budget_minutes:g} minutes", flush=True)
+        with Contender(name, python, script, options) as worker:
+            saved[name] = worker.run(seed=0)["saved"]
+
+    rows = [["SFT start", "0", "0", f"{accuracy(start, data, args.eval_rows):.3f}"]]
+    for name, marks in saved.items():
+        for key, where in marks.items():
+            acc = accuracy(Path(where["path"]), data, args.eval_rows)
+            where["accuracy"] = acc
+            rows.append(
+                [
+                    f"{name} @ {key} budget",
+                    str(where["step"]),
+                    f"{where['seconds']:.0f}",
+                    f"{acc:.3f}",
+                ]
+            )
+    print(
+        f"\nlearning: arithmetic, {args.prompts} prompts x G={args.samples}, "
+        f"<= {args.new_tokens} tokens, lr {args.lr}, budget {args.budget_minutes:g} min, "
+        f"held-out accuracy on {args.eval_rows} problems (greedy)"
+    )
+    print_table(rows, ["model", "steps", "seconds", "accuracy"])
+    llmrl_early, trl_full = saved["llmrl"]["0.6"]["accuracy"], saved["TRL"]["1"]["accuracy"]
+    met = "meets" if llmrl_early >= trl_full else "MISSES"
+    print(
+        f"\nllmrl at 0.6x the time: {llmrl_early:.3f} vs TRL at 1x: {trl_full:.3f}  "
+        f"{met} target (llmrl reaches TRL's accuracy in <= 0.6x the time)"
+    )
+
+
+def sft_checkpoint(model: Path, data: Path) -> Path:
+    """The model after ``llmrl sft --config configs/sft.yaml`` (run once, then reused)."""
+    out = WORK_DIR / "sft"
+    final = out / "final-model"
+    if (final / "config.json").is_file():
+        return final
+    command = [
+        sys.executable,
+        "-m",
+        "llmrl.cli",
+        "sft",
+        "--config",
+        str(REPO / "configs" / "sft.yaml"),
+        "--set",
+        f"model.name={model}",
+        "--set",
+        f"data.path={data}",
+        "--set",
+        f"output_dir={out}",
+        "--set",
+        f"checkpoint.dir={out / 'checkpoints'}",
+        "--set",
+        "tracking.enabled=false",
+    ]
+    print("running llmrl sft for the starting checkpoint", flush=True)
+    lines = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    summary = json.loads(lines.strip().splitlines()[-1])
+    Path(summary["final_checkpoint"]).rename(final)
+    return final
+
+
+def accuracy(model: Path, data: Path, rows: int) -> float:
+    """Greedy held-out accuracy by llmrl's evaluator (the same code for every model)."""
+    from llmrl.config.evaluate import EvalConfig
+    from llmrl.train.evaluate import evaluate
+
+    config = EvalConfig.model_validate(
+        {
+            "model": {"name": str(model)},
+            "data": {"path": str(data), "max_eval_rows": rows},
+            "max_new_tokens": 48,
+            "output_dir": str(WORK_DIR / "learning-eval" / model.name),
+            "tracking": {"enabled": False},
+            "progress": False,
+        }
+    )
+    return evaluate(config).accuracy
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The workload every contender runs: one exported model, the same prompts, the same lengths.
+
+Runs in the project's venv (the drivers). The default model is exported once to
+``benchmarks/.work/model`` as a plain Hugging Face folder (weights + tokenizer) that llmrl,
+raw transformers, TRL and TorchRL all load with ``from_pretrained``; the GRPO workload is the
+arithmetic task prepared by ``llmrl prepare`` into ``benchmarks/.work/arithmetic``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import WORK_DIR
+
+# Rollout prompts: varied lengths, single-turn chats.
+QUESTIONS = [
+    "What is 17 + 25?",
+    "Name three primary colours.",
+    "Write a haiku about the sea.",
+    "Explain what a prime number is.",
+    "How many legs does a spider have?",
+    "What is the capital of Japan?",
+    "Give me a synonym for 'happy'.",
+    "Why is the sky blue?",
+]
+
+
+def rollout_chats(batch: int) -> list[list[dict[str, str]]]:
+    """``batch`` single-turn chats, cycling through :data:`QUESTIONS`."""
+    return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(batch)]
+
+
+def exported_model(spec: str) -> Path:
+    """``spec`` loaded by llmrl and saved as a Hugging Face folder all contenders can read."""
+    from llmrl.models import load_model, load_tokenizer
+
+    folder = WORK_DIR / "model" / spec.replace("/", "--")
+    if (folder / "config.json").is_file():
+        return folder
+    staging = folder.with_name(folder.name + ".tmp")
+    load_model(spec).save_pretrained(staging)
+    load_tokenizer(spec).save_pretrained(staging)
+    staging.rename(folder)
+    return folder
+
+
+def arithmetic_data(rows: int | None) -> tuple[Path, dict]:
+    """The prepared arithmetic dataset (generated once) and the GRPO workload over its first
+    ``rows`` training problems (all when None): their chats (system = the task's
+    instructions), answers, and the task's constructor options (so TRL's reward function is
+    llmrl's scorer)."""
+    from llmrl.config.prepare import PrepareConfig
+    from llmrl.data.prepare import load_prepared, prepare_dataset
+    from llmrl.train.stage import prepared_task
+
+    folder = WORK_DIR / "arithmetic"
+    if not (folder / "manifest.json").is_file():
+        prepare_dataset(PrepareConfig(output_dir=str(folder)), progress=False)
+    task, manifest = prepared_task(folder)
+    train, _ = load_prepared(folder)
+    problems = train[:rows]
+    workload = {
+        "task": manifest["task"],
+        "task_options": (manifest.get("generated") or {}).get("options", {}),
+        "chats": [
+            [
+                {"role": "system", "content": task.instructions},
+                {"role": "user", "content": problem.prompt},
+            ]
+            for problem in problems
+        ],
+        "answers": [problem.answer for problem in problems],
+    }
+    return folder, workload
