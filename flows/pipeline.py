@@ -20,7 +20,9 @@ text, its overrides and the results of the stages it reads from. A re-run with t
 loads the file instead of running the stage ("skipping <stage>: finished in a previous run");
 changing any input changes the key, and everything downstream follows. A stage that did not
 finish has no file: it runs again, in the same ``output_dir`` (``<work_dir>/<stage>-<key>``), and
-resumes from its own checkpoints.
+resumes from its own checkpoints and MLflow run, which moves under the new parent run (tag
+``llmrl.previous_parent_run_id``). A flow process that is killed takes its local stage process
+with it (:mod:`flows.launchers.local`), so the re-run never races the old one.
 
 **Failures.** :class:`~flows.launchers.TransientStageError` (launcher API, tracking server) is
 retried with exponential backoff; a bad config (:class:`~flows.launchers.StageConfigError`, exit

@@ -4,10 +4,14 @@ The child's stdout and stderr lines go to the Prefect task's logger as they come
 Prefect UI shows a stage's progress live. The child runs in its own process group: when the
 task is cancelled (Ctrl-C, Prefect cancellation, any exception reaching the launcher) the
 whole group is terminated, then killed if it does not exit within ``terminate_timeout_s``.
+When this process dies without a chance to do that (SIGKILL, out of memory), Linux kills the
+child too (``PR_SET_PDEATHSIG``), so a re-run never finds the killed run's stage still writing
+the checkpoints it resumes from.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -16,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -97,6 +101,7 @@ class LocalLauncher:
             env=child_env,
             cwd=self.cwd,
             start_new_session=True,  # its own process group: cancellation ends all of it
+            preexec_fn=die_with_parent(),  # this thread waits for the child, see the hook
         )
         readers = [
             _start_reader(process.stdout, stdout, logger, name),
@@ -129,6 +134,33 @@ class LocalLauncher:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which the child gets SIGKILL when this process dies, or None
+    where the kernel has no such thing (not Linux).
+
+    Linux's ``PR_SET_PDEATHSIG`` fires when the *thread* that started the child ends, so the
+    thread must wait for the child (:meth:`LocalLauncher.run` does). ``prctl`` is looked up
+    here, before the fork: the child only calls it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, kill = os.getpid(), int(signal.SIGKILL)
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, kill)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), kill)
+
+    return arm
 
 
 def _wait(process: subprocess.Popen[str]) -> int:

@@ -33,6 +33,7 @@ from llmrl.tracking.spool import (
     is_transient,
     latest_steps,
     replay,
+    send_tags,
 )
 
 logger = logging.getLogger("llmrl.tracking")
@@ -279,6 +280,7 @@ class RunLink:
                 resumed = True
                 if run.info.status != "RUNNING":
                     self.client.update_run(self.run_id, status="RUNNING")
+                self._adopt(run)
                 steps = latest_steps(self.client, self.run_id)
                 own = {k: s for k, s in steps.items() if not k.startswith("system/")}
                 self.on_resume(dict(run.data.params), own)
@@ -291,6 +293,18 @@ class RunLink:
             if self._spool.meta_path.exists():
                 self._spool.save_meta()
         self._start_system_metrics(resumed)
+
+    def _adopt(self, run: Any) -> None:
+        """Nest a continued run under this process's parent run (a re-run pipeline resumes a
+        stage of its killed predecessor), naming the parent it had in
+        ``llmrl.previous_parent_run_id``."""
+        parent = self.create.get("parent_run_id")
+        previous = run.data.tags.get("mlflow.parentRunId")
+        if parent and previous != parent:
+            tags = {"mlflow.parentRunId": parent}
+            if previous:
+                tags["llmrl.previous_parent_run_id"] = previous
+            send_tags(self.client, self.run_id, tags)
 
     def _start_system_metrics(self, resumed: bool) -> None:
         want = self.log_system_metrics

@@ -49,6 +49,7 @@ from llmrl.tracking.spool import (
     send_params,
     send_tags,
 )
+from llmrl.train.faults import fault_point
 
 logger = logging.getLogger("llmrl.tracking")
 
@@ -309,6 +310,7 @@ class Tracker:
         if self._link.ready() and records:
             try:
                 send_metrics(self._link.client, self.run_id, records)
+                fault_point("log_metrics", step)  # crash tests: sent, the caller goes on
                 return
             except Exception as e:
                 if not self._link.failed(e, "metrics"):

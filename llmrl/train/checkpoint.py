@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from llmrl.train.faults import fault_point
+
 logger = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "COMPLETE"
@@ -172,9 +174,11 @@ class CheckpointManager:
         try:
             self._write_model(staging, model, tokenizer)
             self._write_training_state(staging / TRAINING_STATE_FILE, optimizer, scheduler, rng)
+            fault_point("checkpoint_write", step)  # crash tests: weights written, no marker
             (staging / TRAINER_STATE_FILE).write_text(trainer_json)
             (staging / COMPLETE_MARKER).write_text(f"step {step}\n")
             _fsync_tree(staging)  # everything is durable before the rename makes it visible
+            fault_point("checkpoint_write", step)  # crash tests: complete, not renamed
             self._publish(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

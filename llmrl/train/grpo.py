@@ -60,7 +60,10 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     last = {"reward_mean": math.nan, "accuracy": math.nan}
     with (
         stage_tracker(
-            "grpo", config, run_id=state.extra.get("mlflow_run_id") if state else None
+            "grpo",
+            config,
+            run_id=state.extra.get("mlflow_run_id") if state else None,
+            checkpoints=checkpoints,
         ) as tracker,
         _stopping(trainer),
     ):
@@ -72,8 +75,8 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         )
         bar = step_bar("grpo", start, config.steps, config.progress)
         for step in bar:
-            batch, metrics = trainer.step()
             done = step + 1
+            batch, metrics = trainer.step(done)
             tracker.log_metrics(metrics, step=done)
             reward_history.append((done, metrics["reward_mean"]))
             last.update(reward_mean=metrics["reward_mean"], accuracy=metrics["accuracy"])

@@ -36,6 +36,7 @@ from llmrl.objectives import GRPOLoss, MCAdvantage
 from llmrl.policies import TransformersWrapper
 from llmrl.train.async_rollouts import AsyncRollouts
 from llmrl.train.checkpoint import TrainState
+from llmrl.train.faults import fault_point
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
 from llmrl.train.stage import prepared_task
@@ -166,14 +167,17 @@ class GRPOTrainer:
             "counters": dict(self.counters),
         }
 
-    def step(self) -> tuple[TensorDictBase, dict[str, float]]:
+    def step(self, number: int | None = None) -> tuple[TensorDictBase, dict[str, float]]:
         """One GRPO iteration; returns the collected batch and the step's metrics (rewards,
         losses, counters, and where the time went: ``generation_seconds``,
         ``loss_forward_seconds``, ``backward_seconds``, ``optimizer_seconds``,
-        ``weight_sync_seconds``)."""
+        ``weight_sync_seconds``). ``number`` (1-based) names the step for
+        :mod:`llmrl.train.faults`."""
         config, counters = self.config, self.counters
         if self._iterator is None:
             self._iterator = iter(self.rollouts)
+        if number is not None:
+            fault_point("generate", number)
         tick = time.perf_counter()
         batch = next(self._iterator)
         timings = {"generation_seconds": time.perf_counter() - tick}
@@ -198,6 +202,7 @@ class GRPOTrainer:
                     self.scheduler,
                     config,
                     counters,
+                    step=number,
                 )
             )
         timings["training_seconds"] = time.perf_counter() - tick
@@ -228,9 +233,11 @@ def optimize(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     config: GRPOConfig,
     counters: dict[str, int],
+    step: int | None = None,
 ) -> dict[str, float]:
     """``updates_per_step`` passes of minibatch optimizer steps; returns mean loss metrics and
-    the seconds spent in the loss forward, backward and optimizer (summed over updates)."""
+    the seconds spent in the loss forward, backward and optimizer (summed over updates).
+    ``step`` (1-based) names the training step for :mod:`llmrl.train.faults`."""
     size = batch.batch_size[0]
     minibatch = config.minibatch_size or size
     sums: dict[str, float] = {}
@@ -244,6 +251,8 @@ def optimize(
             tick = time.perf_counter()
             out.loss.backward()
             seconds["backward_seconds"] += time.perf_counter() - tick
+            if step is not None:
+                fault_point("backward", step)
             tick = time.perf_counter()
             loss = float(out.loss.detach())
             grad_norm = float(

@@ -161,7 +161,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
 
     skipped = state.extra.get("skipped_steps", 0) if state else 0
     train_loss, eval_loss = math.nan, None
-    with stage_tracker("sft", config, run_id=run_id) as tracker:
+    with stage_tracker("sft", config, run_id=run_id, checkpoints=checkpoints) as tracker:
         tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
         bar = step_bar("sft", start, config.steps, config.progress)
         for step in bar:

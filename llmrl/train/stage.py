@@ -3,6 +3,8 @@ its MLflow tracker."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,14 +63,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+RUN_ID_FILE = "mlflow_run.json"
+"""In a checkpoint directory: the MLflow run of the stage writing it, recorded as soon as the run
+exists, so a process killed before its first checkpoint is continued in the same run."""
+
+
 @contextmanager
-def stage_tracker(stage: str, config: StageConfig, run_id: str | None = None) -> Iterator[Any]:
+def stage_tracker(
+    stage: str,
+    config: StageConfig,
+    run_id: str | None = None,
+    checkpoints: CheckpointManager | None = None,
+) -> Iterator[Any]:
     """An MLflow :class:`~llmrl.tracking.Tracker` for ``stage``, started with the whole
-    resolved config as params; FAILED on exception, FINISHED otherwise. ``run_id`` continues
-    an existing run (resume)."""
+    resolved config as params; FAILED on exception, FINISHED otherwise.
+
+    ``run_id`` continues an existing run (resume from a checkpoint). With ``checkpoints`` (and
+    ``checkpoint.resume: auto``) and no ``run_id``, the run recorded in the checkpoint directory
+    by an earlier process of the stage is continued; the run's id is then recorded there
+    (:data:`RUN_ID_FILE`) before anything is logged.
+    """
     from llmrl.tracking import Tracker
 
     settings = config.tracking
+    record = checkpoints.directory / RUN_ID_FILE if checkpoints is not None else None
+    resume = getattr(getattr(config, "checkpoint", None), "resume", "never")
+    if run_id is None and record is not None and resume == "auto":
+        run_id = recorded_run_id(record)
     tracker = Tracker(
         stage,
         experiment=settings.experiment,
@@ -80,8 +101,27 @@ def stage_tracker(stage: str, config: StageConfig, run_id: str | None = None) ->
         log_checkpoint_files=settings.log_checkpoint_files,
     )
     with tracker:
+        if record is not None and tracker.run_id is not None:
+            record_run_id(record, tracker.run_id)
         tracker.log_params(config.model_dump(mode="json"))
         yield tracker
+
+
+def recorded_run_id(path: Path) -> str | None:
+    """The run id :func:`record_run_id` wrote to ``path``, or None (no file, unreadable)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["run_id"] or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def record_run_id(path: Path, run_id: str) -> None:
+    """Write ``{"run_id": ...}`` to ``path`` atomically (unchanged content is not rewritten)."""
+    if recorded_run_id(path) == run_id:
+        return
+    temporary = path.with_name(f".{path.name}.tmp")  # one writer per checkpoint directory
+    temporary.write_text(json.dumps({"run_id": run_id}), encoding="utf-8")
+    os.replace(temporary, path)
 
 
 def open_checkpoints(

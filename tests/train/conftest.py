@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,34 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(
+    args: list[str],
+    tmp_path: Path,
+    log: Path,
+    mlflow_uri: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start ``python -m llmrl.cli ARGS`` in ``tmp_path``, stdout and stderr into ``log``;
+    ``env`` adds to :func:`cli_env`."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmrl.cli", *args],
+            cwd=tmp_path,
+            env={**cli_env(tmp_path, mlflow_uri), **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_until(process: subprocess.Popen, done: Any, log: Path, timeout: float = 240) -> None:
+    """Poll until ``done()`` is true; fails with ``log`` when the process exits or time is up."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert process.poll() is None, f"exited {process.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"timed out waiting:\n{log.read_text()}"
+        time.sleep(0.05)
 
 
 def assert_generates(model_dir: str | Path) -> None:

@@ -5,9 +5,6 @@ the same MLflow run exactly once."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,11 +17,12 @@ from llmrl.config.sft import SFTConfig
 from llmrl.train.sft import run_sft
 from tests.train.conftest import (
     assert_generates,
-    cli_env,
     metric_steps,
     run_id_of,
     stage_config,
+    start_cli,
     trainer_state,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -35,22 +33,11 @@ STEPS = 5
 def _crash_after_checkpoint(
     args: list[str], tmp_path: Path, uri: str, checkpoint: Path, timeout: float = 240
 ) -> str:
-    """Start ``llmrl ARGS``, SIGKILL it once ``checkpoint`` is complete; returns its stderr."""
+    """Start ``llmrl ARGS``, SIGKILL it once ``checkpoint`` is complete; returns its output."""
     log = tmp_path / "crashed.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "llmrl.cli", *args],
-            cwd=tmp_path,
-            env=cli_env(tmp_path, uri),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = start_cli(args, tmp_path, log, uri)
     try:
-        deadline = time.monotonic() + timeout
-        while not (checkpoint / "COMPLETE").is_file():
-            assert process.poll() is None, f"exited {process.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no {checkpoint}:\n{log.read_text()}"
-            time.sleep(0.05)
+        wait_until(process, (checkpoint / "COMPLETE").is_file, log, timeout)
         process.kill()  # SIGKILL: no cleanup, no "finished" run status
     finally:
         if process.poll() is None:
