@@ -296,6 +296,8 @@ class GRPOLoss(nn.Module):
             pad_output=True,
             return_log_probs=True,
             return_logits=entropy_coeff > 0,
+            # the "sft" mask trains on response tokens only: skip the output layer over prompts
+            score_responses_only=masking_strategy == "sft",
             min_batch_size=None,
             max_batch_size=None,
         )

@@ -72,6 +72,10 @@ class LLMWrapperBase(ABC):
         generate_kwargs: generation settings (see :class:`GenerationKwargs`).
         return_log_probs: write :class:`LogProbs` into the output.
         return_logits: when scoring, also write the ``logits`` (large: ``[L, vocab]`` a row).
+        score_responses_only: when scoring rows whose prompt is known (``prompt`` next to
+            ``full``), compute log-probs of the response tokens only; prompt positions hold 0.
+            A backend may then skip the output layer over prompt tokens (losses that train on
+            responses only need nothing else). Ignored with ``return_logits``.
         pad_output: padded ``[.., L]`` containers with :class:`Masks` instead of ragged rows.
         num_samples: responses per prompt (G); default ``generate_kwargs["n"]`` or 1.
         chat_template: None (the tokenizer's template) or a built-in format name.
@@ -89,6 +93,7 @@ class LLMWrapperBase(ABC):
         generate_kwargs: dict[str, Any] | None = None,
         return_log_probs: bool = True,
         return_logits: bool = False,
+        score_responses_only: bool = False,
         pad_output: bool = False,
         num_samples: int | None = None,
         chat_template: str | ChatFormat | None = None,
@@ -112,6 +117,7 @@ class LLMWrapperBase(ABC):
         self.generate = generate
         self.return_log_probs = return_log_probs
         self.return_logits = return_logits
+        self.score_responses_only = score_responses_only
         self.pad_output = pad_output
         self.chat_template = chat_template
         self.keys = {
@@ -167,8 +173,16 @@ class LLMWrapperBase(ABC):
         (prompt 0's samples first)."""
 
     @abstractmethod
-    def _score(self, sequences: list[torch.Tensor], return_logits: bool = False) -> ScoreResult:
-        """Log-probs of each sequence, right-padded ``[N, L]`` (position 0 holds 0)."""
+    def _score(
+        self,
+        sequences: list[torch.Tensor],
+        return_logits: bool = False,
+        prompt_lengths: list[int] | None = None,
+    ) -> ScoreResult:
+        """Log-probs of each sequence, right-padded ``[N, L]`` (position 0 holds 0).
+
+        With ``prompt_lengths``, only positions from each row's prompt length on are needed;
+        a backend may leave the others 0."""
 
     # ------------------------------------------------------------------ public API
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
@@ -188,7 +202,16 @@ class LLMWrapperBase(ABC):
             samples = self._generate(inputs.prompt_tokens, self.generate_kwargs)
             out = write_outputs(self, batch, inputs, samples=samples)
         else:
-            scores = self._score(inputs.full_tokens, return_logits=self.return_logits)
+            responses_only = (
+                self.score_responses_only
+                and not self.return_logits
+                and inputs.prompt_tokens is not None
+            )
+            scores = self._score(
+                inputs.full_tokens,
+                return_logits=self.return_logits,
+                prompt_lengths=[len(p) for p in inputs.prompt_tokens] if responses_only else None,
+            )
             out = write_outputs(self, batch, inputs, scores=scores)
         return out[0] if single else out
 

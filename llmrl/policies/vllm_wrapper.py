@@ -121,7 +121,14 @@ class vLLMWrapper(LLMWrapperBase):
                 )
         return samples
 
-    def _score(self, sequences: list[torch.Tensor], return_logits: bool = False) -> ScoreResult:
+    def _score(
+        self,
+        sequences: list[torch.Tensor],
+        return_logits: bool = False,
+        prompt_lengths: list[int] | None = None,
+    ) -> ScoreResult:
+        """Prompt log-probs from the engines (all positions: ``prompt_lengths`` saves nothing
+        there)."""
         if return_logits:
             raise ValueError(
                 "vLLM does not return logits; score with return_logits=False, or use "

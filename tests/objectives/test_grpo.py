@@ -399,3 +399,21 @@ def test_loss_validation(sampler, rollout):
         GRPOLoss(sampler, kl_to_ref_coeff=0.1)(rollout)
     with pytest.raises(ValueError, match="reshape"):
         GRPOLoss(sampler)(rollout.reshape(3, 2))
+
+
+def test_response_only_scoring_gives_the_same_loss_and_gradients(sampler, rollout, tiny):
+    """The loss scores responses only under "sft" masking; the full pass gives the same."""
+    fast = GRPOLoss(sampler)
+    assert fast.actor.score_responses_only
+    slow = GRPOLoss(sampler)
+    slow.actor = slow.actor.get_new_version(score_responses_only=False)
+    results = []
+    for loss in (fast, slow):
+        tiny.zero_grad(set_to_none=True)
+        out = loss(rollout)
+        out.loss.backward()
+        results.append((out.loss.item(), [p.grad.clone() for p in tiny.parameters()]))
+    assert results[0][0] == pytest.approx(results[1][0], abs=1e-6)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert not GRPOLoss(sampler, masking_strategy="rlhf").actor.score_responses_only

@@ -195,3 +195,34 @@ def test_single_row_in_single_row_out(tiny, tokenizer):
     out = _policy(tiny, tokenizer)(row)
     assert out.batch_size == torch.Size([])
     assert out["tokens"].response.dim() == 1
+
+
+def test_response_only_scoring_matches_full_scoring(tiny, tokenizer):
+    """Scoring only the responses (output layer over response columns) gives the full pass's
+    log-probs on every response token, 0 on prompt tokens, and the same gradients."""
+    sampler = _policy(
+        tiny, tokenizer, num_samples=2, generate_kwargs={"max_new_tokens": 6, "seed": 1}
+    )
+    batch = sampler(history_batch()).reshape(-1)
+    full = sampler.get_new_version(generate=False, input_mode="tokens", pad_output=True)
+    responses_only = full.get_new_version(score_responses_only=True)
+
+    expected, got = full(batch), responses_only(batch)
+    masks = expected["masks"]
+    # padded layout: left-padded prompt columns, then right-padded response columns
+    in_response = torch.zeros_like(masks.full)
+    in_response[:, masks.prompt.shape[1] :] = masks.response
+    assert in_response.sum() == sum(len(r) for r in batch["tokens"].as_list("response"))
+    want, have = expected["log_probs"].full, got["log_probs"].full
+    assert torch.allclose(have[in_response], want[in_response], atol=1e-5)
+    assert (have[~in_response] == 0).all()
+    assert (want[~in_response & masks.full].abs() > 0).any()  # the full pass did score prompts
+
+    grads = []
+    for log_probs in (want, have):
+        tiny.zero_grad(set_to_none=True)
+        log_probs[in_response].sum().backward(retain_graph=True)
+        grads.append([p.grad.clone() for p in tiny.parameters()])
+    tiny.zero_grad(set_to_none=True)
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
