@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4, help="responses per chat")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true", help="skip TorchRL (no peers venv)")
     args = parser.parse_args()
 

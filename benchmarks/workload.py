@@ -3,7 +3,7 @@
 Runs in the project's venv (the drivers). The default model is exported once to
 ``benchmarks/.work/model`` as a plain Hugging Face folder (weights + tokenizer) that llmrl,
 raw transformers, TRL and TorchRL all load with ``from_pretrained``; the GRPO workload is the
-arithmetic task prepared by ``llmrl prepare`` into ``benchmarks/.work/arithmetic``.
+arithmetic task prepared by ``llmrl prepare`` under ``benchmarks/.work/data``.
 """
 
 from __future__ import annotations
@@ -53,9 +53,8 @@ def arithmetic_data(rows: int | None) -> tuple[Path, dict]:
     from llmrl.data.prepare import load_prepared, prepare_dataset
     from llmrl.train.stage import prepared_task
 
-    folder = WORK_DIR / "arithmetic"
-    if not (folder / "manifest.json").is_file():
-        prepare_dataset(PrepareConfig(output_dir=str(folder)), progress=False)
+    prepared = prepare_dataset(PrepareConfig(output_dir=str(WORK_DIR / "data")), progress=False)
+    folder = prepared.path  # reused when already prepared
     task, manifest = prepared_task(folder)
     train, _ = load_prepared(folder)
     problems = train[:rows]

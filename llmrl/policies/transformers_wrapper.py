@@ -23,6 +23,8 @@ import torch
 from llmrl.data import pad_sequences
 from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
 from llmrl.policies.generation_kwargs import GenerationKwargs
+from llmrl.policies.prompt_cache import shared_prompt_cache
+from llmrl.policies.response_scoring import score_responses
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -68,18 +70,25 @@ class TransformersWrapper(LLMWrapperBase):
     def _sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationKwargs
     ) -> list[GeneratedSample]:
-        extra: dict[str, Any] = {}
+        kwargs = config.to_transformers()
         if config.stop_sequences:
-            extra["tokenizer"] = self.tokenizer
+            kwargs["tokenizer"] = self.tokenizer
+        # G samples per prompt as G rows (the order generate would use), so that every
+        # distinct prompt is prefilled once and its KV cache shared by its rows.
+        samples = kwargs.pop("num_return_sequences", 1)
+        input_ids = input_ids.repeat_interleave(samples, 0).to(self.device)
+        attention_mask = attention_mask.long().repeat_interleave(samples, 0).to(self.device)
+        cache = shared_prompt_cache(self.model, input_ids, attention_mask)
+        if cache is not None:
+            kwargs["past_key_values"] = cache
         out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.long().to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             pad_token_id=self.pad_token_id,
             eos_token_id=sorted(self.eos_token_ids),
             output_logits=True,
             return_dict_in_generate=True,
-            **config.to_transformers(),
-            **extra,
+            **kwargs,
         )
         generated = out.sequences[:, input_ids.shape[1] :]
         lengths, finished = self._response_lengths(generated, config)
@@ -105,7 +114,10 @@ class TransformersWrapper(LLMWrapperBase):
             and min(prompt_lengths, default=0) > 0
             and any(len(s) > n for s, n in zip(sequences, prompt_lengths, strict=True))
         ):
-            return ScoreResult(log_probs=self._score_responses(sequences, prompt_lengths))
+            log_probs = score_responses(
+                self.model, sequences, prompt_lengths, self.pad_token_id, self.device
+            )
+            return ScoreResult(log_probs=log_probs)
         input_ids, mask = pad_sequences(sequences, "right", self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -118,45 +130,6 @@ class TransformersWrapper(LLMWrapperBase):
         log_probs = torch.cat([log_probs.new_zeros(len(sequences), 1), log_probs], dim=1)
         log_probs = log_probs.masked_fill(~mask, 0.0)
         return ScoreResult(log_probs=log_probs, logits=logits if return_logits else None)
-
-    def _score_responses(
-        self, sequences: list[torch.Tensor], prompt_lengths: list[int]
-    ) -> torch.Tensor:
-        """Log-probs of the response tokens only, in the right-padded layout of ``_score``.
-
-        The rows are laid out as in sampling (left-padded prompts, right-padded responses), so
-        every response starts at the same column and the model's output layer and the
-        log-softmax run over the response columns alone (``logits_to_keep``) -- not over
-        prompt tokens, which for short answers to long prompts are most of the batch.
-        """
-        prompts = [s[:n] for s, n in zip(sequences, prompt_lengths, strict=True)]
-        responses = [s[n:] for s, n in zip(sequences, prompt_lengths, strict=True)]
-        prompt_ids, prompt_mask = pad_sequences(prompts, "left", self.pad_token_id)
-        response_ids, response_mask = pad_sequences(responses, "right", self.pad_token_id)
-        width = response_ids.shape[1]
-        input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(self.device)
-        mask = torch.cat([prompt_mask, response_mask], dim=1).to(self.device)
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        # the last `width + 1` columns: the last prompt token predicts the first response token
-        logits = (
-            self.model(
-                input_ids=input_ids,
-                attention_mask=mask.long(),
-                position_ids=position_ids,
-                logits_to_keep=width + 1,
-            )
-            .logits[:, :-1]
-            .float()
-        )
-        targets = response_ids.to(self.device).unsqueeze(-1)
-        response_log_probs = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
-        response_log_probs = response_log_probs.masked_fill(~response_mask.to(self.device), 0.0)
-        # back to the right-padded full layout: row i's response starts at its prompt length
-        columns = torch.arange(max(len(s) for s in sequences), device=self.device)
-        offset = columns - torch.tensor(prompt_lengths, device=self.device).unsqueeze(1)
-        inside = (offset >= 0) & (offset < width)
-        placed = response_log_probs.gather(1, offset.clamp(0, width - 1))
-        return placed.masked_fill(~inside, 0.0)
 
     def _response_lengths(
         self, generated: torch.Tensor, config: GenerationKwargs

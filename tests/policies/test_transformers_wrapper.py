@@ -197,11 +197,13 @@ def test_single_row_in_single_row_out(tiny, tokenizer):
     assert out["tokens"].response.dim() == 1
 
 
-def test_response_only_scoring_matches_full_scoring(tiny, tokenizer):
-    """Scoring only the responses (output layer over response columns) gives the full pass's
-    log-probs on every response token, 0 on prompt tokens, and the same gradients."""
+@pytest.mark.parametrize("samples", [1, 3], ids=["distinct-prompts", "shared-prompts"])
+def test_response_only_scoring_matches_full_scoring(tiny, tokenizer, samples):
+    """Scoring only the responses (output layer over response columns; shared prompts computed
+    once) gives the full pass's log-probs on every response token, 0 on prompt tokens, and the
+    same gradients."""
     sampler = _policy(
-        tiny, tokenizer, num_samples=2, generate_kwargs={"max_new_tokens": 6, "seed": 1}
+        tiny, tokenizer, num_samples=samples, generate_kwargs={"max_new_tokens": 6, "seed": 1}
     )
     batch = sampler(history_batch()).reshape(-1)
     full = sampler.get_new_version(generate=False, input_mode="tokens", pad_output=True)
@@ -226,3 +228,68 @@ def test_response_only_scoring_matches_full_scoring(tiny, tokenizer):
     tiny.zero_grad(set_to_none=True)
     for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_shared_prompt_scoring_takes_the_cached_path(tiny, tokenizer, monkeypatch):
+    """Rows sharing a prompt go through the one-prompt-pass path; distinct prompts do not."""
+    from llmrl.policies import response_scoring
+
+    calls = []
+    original = response_scoring._shared_prompts
+    monkeypatch.setattr(
+        response_scoring,
+        "_shared_prompts",
+        lambda *args: calls.append(len(args[1])) or original(*args),
+    )
+    prompt_a, prompt_b = torch.tensor([5, 6, 7]), torch.tensor([8, 9])
+    rows = [
+        torch.cat([p, torch.tensor(r)])
+        for p, r in [(prompt_a, [1, 2]), (prompt_a, [3]), (prompt_b, [4, 4, 4]), (prompt_b, [2])]
+    ]
+    scores = response_scoring.score_responses(tiny, rows, [3, 3, 2, 2], 0, "cpu")
+    assert calls == [2]  # two distinct prompts for four rows
+    assert scores.shape == (4, 5)
+    assert (scores[0, :3] == 0).all() and (scores[0, 3:5] != 0).all()
+    assert (scores[1, 4:] == 0).all() and (scores[2, :2] == 0).all()
+    response_scoring.score_responses(tiny, rows[::2], [3, 2], 0, "cpu")
+    assert calls == [2]  # all prompts distinct: one plain pass
+
+
+def test_repeated_prompts_share_one_prefill_and_sample_as_before(tiny, tokenizer, monkeypatch):
+    """Rows repeating a prompt (or num_samples > 1) are prefilled once through a shared KV
+    cache; the tokens and sampling log-probs equal those of generating without it."""
+    from llmrl.policies import prompt_cache, transformers_wrapper
+
+    chats = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "a longer one"}]]
+    greedy = {"max_new_tokens": 5, "do_sample": False}
+    policy = _policy(tiny, tokenizer, num_samples=3, generate_kwargs=greedy)
+    shared = policy(history_batch(chats))
+    caches = []
+    monkeypatch.setattr(
+        transformers_wrapper,
+        "shared_prompt_cache",
+        lambda *args: caches.append(prompt_cache.shared_prompt_cache(*args)) or None,
+    )
+    plain = policy(history_batch(chats))
+    assert len(caches) == 1 and caches[0] is not None
+    assert caches[0].get_seq_length() > 0 and caches[0].layers[0].keys.shape[0] == 6
+
+    def rows(out, key):
+        return out[key].reshape(-1).as_list("response")
+
+    pairs = zip(rows(shared, "tokens"), rows(plain, "tokens"), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    pairs = zip(rows(shared, "log_probs"), rows(plain, "log_probs"), strict=True)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in pairs)
+
+
+def test_no_shared_cache_for_distinct_prompts(tiny):
+    from llmrl.policies.prompt_cache import distinct_rows, shared_prompt_cache
+
+    rows = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    assert shared_prompt_cache(tiny, rows, torch.ones_like(rows)) is None
+    assert shared_prompt_cache(tiny, rows[:, :1].repeat(2, 1), torch.ones(4, 1)) is None
+    assert distinct_rows([torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1, 2])]) == (
+        [0, 1],
+        [0, 1, 0],
+    )
