@@ -114,9 +114,12 @@ def _trainer(options: dict[str, Any]) -> Any:
 
 def _grpo(options: dict[str, Any], with_pure_compute: bool):
     trainer = _trainer({**options, "max_train_rows": options["prompts"]})
+    model_time = ModelTime(trainer.model) if with_pure_compute else None
 
     def run(seed: int) -> dict[str, Any]:
         torch.manual_seed(seed)
+        if model_time is not None:
+            model_time.reset()
         started = time.perf_counter()
         batch, metrics = trainer.step()
         step_seconds = time.perf_counter() - started
@@ -132,12 +135,49 @@ def _grpo(options: dict[str, Any], with_pure_compute: bool):
             },
         }
         result["phases"]["other"] = step_seconds - sum(result["phases"].values())
-        if with_pure_compute:
+        if model_time is not None:
             result["step_seconds"] = step_seconds
+            result["model"] = dict(model_time.seconds)
             result["pure"] = _pure_compute(trainer, batch, seed)
         return result
 
     return run
+
+
+class ModelTime:
+    """Seconds spent inside the model during a step: ``generate`` calls, forward calls made
+    outside ``generate`` (prompt-cache prefill, the loss's scoring pass)."""
+
+    def __init__(self, model: Any) -> None:
+        self.seconds: dict[str, float] = {}
+        self._inside_generate = False
+        self._forward_started = 0.0
+        generate = model.generate
+
+        def timed_generate(*args: Any, **kwargs: Any) -> Any:
+            started, self._inside_generate = time.perf_counter(), True
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                self._inside_generate = False
+                self._add("generate", time.perf_counter() - started)
+
+        model.generate = timed_generate
+        model.register_forward_pre_hook(self._before_forward)
+        model.register_forward_hook(self._after_forward)
+
+    def reset(self) -> None:
+        self.seconds = {"generate": 0.0, "forward": 0.0}
+
+    def _before_forward(self, *_: Any) -> None:
+        self._forward_started = time.perf_counter()
+
+    def _after_forward(self, *_: Any) -> None:
+        if not self._inside_generate:
+            self._add("forward", time.perf_counter() - self._forward_started)
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
 
 def _learning(options: dict[str, Any]):
@@ -169,7 +209,8 @@ def _learning(options: dict[str, Any]):
 
 def _pure_compute(trainer: Any, batch: Any, seed: int) -> dict[str, float]:
     """HF generate of the batch's prompts (same seed, same order) and one forward/backward of
-    the prompt + response tokens the step trained on; no llmrl code on the timed path."""
+    the prompt + response tokens the step trained on (output layer over the response columns,
+    ``logits_to_keep``); plain transformers calls, no llmrl code on the timed path."""
     from llmrl.data import pad_sequences
 
     model, tokenizer = trainer.model, trainer.tokenizer
@@ -193,12 +234,20 @@ def _pure_compute(trainer: Any, batch: Any, seed: int) -> dict[str, float]:
     generate_seconds = time.perf_counter() - started
     generated = _response_tokens(sequences[:, input_ids.shape[1] :], tokenizer)
 
-    full = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
-    ids, full_mask = pad_sequences(full, "right", tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = pad_sequences(prompts, "left", tokenizer.pad_token_id)
+    response_ids, response_mask = pad_sequences(responses, "right", tokenizer.pad_token_id)
+    ids = torch.cat([prompt_ids, response_ids], 1)
+    mask = torch.cat([prompt_mask, response_mask], 1).long()
+    width = response_ids.shape[1]
     started = time.perf_counter()
-    logits = model(input_ids=ids, attention_mask=full_mask.long()).logits[:, :-1]
-    log_probs = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    loss = -(log_probs * full_mask[:, 1:]).sum() / full_mask[:, 1:].sum()
+    logits = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        logits_to_keep=width + 1,
+    ).logits[:, :-1]
+    log_probs = torch.log_softmax(logits.float(), -1).gather(-1, response_ids[..., None])
+    loss = -(log_probs.squeeze(-1) * response_mask).sum() / response_mask.sum()
     loss.backward()
     forward_backward_seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
