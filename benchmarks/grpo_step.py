@@ -24,7 +24,7 @@ import sys
 
 from harness import Contender, alternate, median_of, print_table, verdict
 from peers import peers_python
-from workload import arithmetic_data, exported_model
+from workload import grpo_arguments, grpo_options
 
 TARGET = 0.6  # llmrl step time / TRL step time
 PHASES = ("generation", "loss forward", "backward", "optimizer", "weight sync", "other")
@@ -32,27 +32,14 @@ PHASES = ("generation", "loss forward", "backward", "optimizer", "weight sync", 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=4, help="group size G")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-6)
+    grpo_arguments(parser, prompts=8, new_tokens=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
         "--trl-variants", action="store_true", help="also TRL without gradient checkpointing"
     )
     args = parser.parse_args()
 
-    data, workload = arithmetic_data(args.prompts)
-    options = {
-        "model": str(exported_model(args.model)),
-        "data": str(data),
-        "prompts": args.prompts,
-        "samples": args.samples,
-        "new_tokens": args.new_tokens,
-        "lr": args.lr,
-        **workload,
-    }
+    options = grpo_options(args, rows=args.prompts)
     peers = peers_python()
     contenders = [
         Contender("llmrl", sys.executable, "llmrl_side.py", {**options, "kind": "grpo_step"})

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness import WORK_DIR, Contender, print_table
 from peers import peers_python
-from workload import arithmetic_data, exported_model
+from workload import grpo_arguments, grpo_options
 
 MARKS = (0.6, 1.0)
 REPO = Path(__file__).resolve().parents[1]
@@ -28,32 +28,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    grpo_arguments(parser, prompts=4, new_tokens=48)
     parser.add_argument("--sft", help="SFT model folder to start from (default: run llmrl sft)")
     parser.add_argument("--budget-minutes", type=float, default=20.0)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=48)
-    parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--eval-rows", type=int, default=100)
     args = parser.parse_args()
 
-    data, workload = arithmetic_data(None)
-    start = Path(args.sft) if args.sft else sft_checkpoint(exported_model(args.model), data)
+    workload = grpo_options(args, rows=None)
+    data = Path(workload["data"])
+    start = Path(args.sft) if args.sft else sft_checkpoint(Path(workload["model"]), data)
     out_dir = WORK_DIR / "learning"
     options = {
+        **workload,
         "kind": "learning",
         "model": str(start),
-        "data": str(data),
-        "prompts": args.prompts,
-        "samples": args.samples,
-        "new_tokens": args.new_tokens,
-        "lr": args.lr,
         "budget_seconds": args.budget_minutes * 60,
         "marks": list(MARKS),
         "out_dir": str(out_dir),
         "gradient_checkpointing": True,
-        **workload,
     }
     saved = {}
     for name, python, script in (

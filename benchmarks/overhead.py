@@ -21,31 +21,18 @@ import statistics
 import sys
 
 from harness import Contender, alternate, print_table, verdict
-from workload import arithmetic_data, exported_model
+from workload import grpo_arguments, grpo_options
 
 TARGET = 0.05
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-6)
+    grpo_arguments(parser, prompts=8, new_tokens=64)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
 
-    data, _ = arithmetic_data(args.prompts)
-    options = {
-        "kind": "overhead",
-        "model": str(exported_model(args.model)),
-        "data": str(data),
-        "prompts": args.prompts,
-        "samples": args.samples,
-        "new_tokens": args.new_tokens,
-        "lr": args.lr,
-    }
+    options = {**grpo_options(args, rows=args.prompts), "kind": "overhead"}
     with Contender("llmrl", sys.executable, "llmrl_side.py", options) as worker:
         runs = alternate([worker], reps=args.reps)["llmrl"]
 

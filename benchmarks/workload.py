@@ -8,6 +8,7 @@ arithmetic task prepared by ``llmrl prepare`` under ``benchmarks/.work/data``.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from harness import WORK_DIR
@@ -71,3 +72,27 @@ def arithmetic_data(rows: int | None) -> tuple[Path, dict]:
         "answers": [problem.answer for problem in problems],
     }
     return folder, workload
+
+
+def grpo_arguments(parser: argparse.ArgumentParser, prompts: int, new_tokens: int) -> None:
+    """The GRPO workload's command-line knobs (model, prompts, group size, lengths, lr)."""
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompts per step")
+    parser.add_argument("--samples", type=int, default=4, help="group size G")
+    parser.add_argument("--new-tokens", type=int, default=new_tokens)
+    parser.add_argument("--lr", type=float, default=1e-6)
+
+
+def grpo_options(args: argparse.Namespace, rows: int | None) -> dict:
+    """Worker options of the GRPO workload over the first ``rows`` train problems (all when
+    None): the exported model, the prepared data, the settings and the TRL-side chats."""
+    data, workload = arithmetic_data(rows)
+    return {
+        "model": str(exported_model(args.model)),
+        "data": str(data),
+        "prompts": args.prompts,
+        "samples": args.samples,
+        "new_tokens": args.new_tokens,
+        "lr": args.lr,
+        **workload,
+    }
