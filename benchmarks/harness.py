@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,14 +40,25 @@ class Contender:
     def __init__(self, name: str, python: str | Path, script: str, options: dict[str, Any]):
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(HERE), "TOKENIZERS_PARALLELISM": "false"}
+        # options can be large (a whole training set): handed over in a file, not argv
+        WORK_DIR.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", suffix=".json", prefix="options-", dir=WORK_DIR, delete=False
+        ) as handle:
+            json.dump(options, handle)
+        self.options_file = Path(handle.name)
         self.process = subprocess.Popen(
-            [str(python), str(HERE / "workers" / script), json.dumps(options)],
+            [str(python), str(HERE / "workers" / script), str(self.options_file)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
-        self.info = self._read()  # the worker's setup report (versions, threads, load time)
+        try:
+            self.info = self._read()  # the worker's setup report (versions, threads, load time)
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, seed: int) -> dict[str, Any]:
         """One timed repetition with ``seed``; returns the worker's result (``seconds``, ...)."""
@@ -67,6 +79,7 @@ class Contender:
         raise RuntimeError(f"{self.name} worker exited with code {self.process.wait()}")
 
     def close(self) -> None:
+        self.options_file.unlink(missing_ok=True)
         if self.process.poll() is None:
             assert self.process.stdin is not None
             self.process.stdin.close()
@@ -143,7 +156,7 @@ def serve(setup: Callable[[dict[str, Any]], tuple[dict[str, Any], Callable[[int]
     sys.stdout = sys.stderr  # library prints must not interleave with the protocol
     try:
         started = time.perf_counter()
-        info, run = setup(json.loads(sys.argv[1]))
+        info, run = setup(json.loads(Path(sys.argv[1]).read_text()))
         info["setup_seconds"] = time.perf_counter() - started
         _send(reply, info)
         for line in sys.stdin:
