@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,19 @@ def tiny(tokenizer):
     from llmrl.models import tiny_model
 
     return tiny_model(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Prefect's test harness (a temporary API and database), PREFECT_HOME in a temp folder."""
+    from prefect.settings import (
+        PREFECT_HOME,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    updates = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,34 +1,12 @@
-"""Prefect test helpers shared by ``tests/flows`` and ``tests/reliability``: the test harness
-fixture and a launcher that fails a given number of times.
-
-Import ``prefect_api`` into a test module to use it
-(``from tests.flows.prefect_harness import prefect_api  # noqa: F401``).
-"""
+"""Prefect test helpers shared by ``tests/flows`` and ``tests/reliability``: a launcher that fails
+a given number of times. (The ``prefect_api`` harness fixture is in ``tests/conftest.py``: one
+per session, whichever package asks first.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from flows.launchers import StageResult
-
-
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Prefect's test harness (a temporary API and database), PREFECT_HOME in a temp folder."""
-    from prefect.settings import (
-        PREFECT_HOME,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        temporary_settings,
-    )
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    updates = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 class FlakyLauncher:

@@ -24,7 +24,7 @@ from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
 from tests.collectors.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
 from tests.collectors.ray_local import actor_runtime_env, local_ray  # noqa: F401
-from tests.flows.prefect_harness import FlakyLauncher, prefect_api  # noqa: F401
+from tests.flows.prefect_harness import FlakyLauncher
 from tests.reliability.dying_actors import DyingEnvFactory, DyingPolicyFactory, KillSwitch
 
 ray = pytest.importorskip("ray")
@@ -168,7 +168,7 @@ def eval_only(tmp_path: Path) -> PipelineParams:
 
 
 @pytest.fixture
-def run_flow(prefect_api, eval_only, monkeypatch):  # noqa: F811
+def run_flow(prefect_api, eval_only, monkeypatch):
     """Runs the real pipeline flow over ``eval_only`` with the given launcher; returns its
     final state."""
 
