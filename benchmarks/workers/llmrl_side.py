@@ -128,9 +128,9 @@ def _grpo(options: dict[str, Any], with_pure_compute: bool):
             "reward_mean": metrics["reward_mean"],
             "phases": {
                 "generation": metrics["generation_seconds"],
-                "loss forward": metrics["loss_forward_seconds"],
-                "backward": metrics["backward_seconds"],
-                "optimizer": metrics["optimizer_seconds"],
+                "loss forward": metrics.get("loss_forward_seconds", 0.0),
+                "backward": metrics.get("backward_seconds", 0.0),
+                "optimizer": metrics.get("optimizer_seconds", 0.0),
                 "weight sync": metrics["weight_sync_seconds"],
             },
         }
