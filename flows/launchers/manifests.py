@@ -2,14 +2,24 @@
 
 - :func:`build_config_map`: the stage's config file, mounted at ``/etc/llmrl/<stage>.yaml``.
 - :func:`build_job_manifest`: a ``batch/v1`` Job for a one-pod stage (``prepare``, ``eval``).
-- :func:`build_rayjob_manifest`: a KubeRay ``RayJob`` (``ray.io/v1``) for a GPU stage (``sft``,
+- :func:`build_rayjob_manifest`: a KubeRay ``RayJob`` (``ray.io/v1``) for a Ray stage (``sft``,
   ``grpo``), with the worker groups of ``helm/llmrl``'s RayCluster, from the
-  :class:`~llmrl.topology.Topology`: a CPU-only head (``num-cpus: "0"``); ``inference`` (one pod
-  per engine, ``nvidia.com/gpu`` = its tensor-parallel size) and ``trainer`` (its GPUs), or one
-  ``colocated`` group; ``reference`` when dedicated; ``env-workers`` on CPU. ``sft`` gets the
-  trainer group only. The entrypoint (the stage's driver, which is the training process) is
-  pinned to the trainer group through the custom Ray resource ``llmrl_driver`` and reserves the
-  trainer's GPUs (none for a colocated ``grpo``: the engines share them).
+  :class:`~llmrl.topology.Topology`: ``inference`` (one pod per engine, ``nvidia.com/gpu`` = its
+  GPUs) and ``trainer`` (one pod holding every rank: its GPUs, or its cores shared by CPU
+  ranks), or one ``colocated`` group; ``reference`` when dedicated; ``env-workers`` on CPU.
+  The worker groups advertise to Ray what ``llmrl.topology.placement.plan_groups`` reserves,
+  and each GPU is requested once. ``sft`` gets the trainer group only.
+
+Where the entrypoint (the stage's driver) runs, pinned by the custom Ray resource
+``llmrl_driver`` (:data:`DRIVER_RESOURCE`) so it never takes cores a role's bundles need:
+
+- ``grpo``: the driver only orchestrates and logs; the runtime starts a Ray actor per role on
+  the placement groups. It runs on the head, which offers Ray exactly one CPU
+  (``num-cpus: "1"``) and ``llmrl_driver``; the driver reserves both (no GPU), so nothing else
+  is scheduled on the head.
+- ``sft`` (:data:`TRAINING_DRIVERS`): the driver is the training process. It runs on the trainer
+  group, which offers ``llmrl_driver``, and reserves the trainer's GPUs; the head offers Ray no
+  CPU (``num-cpus: "0"``).
 
 Every object carries the labels of :func:`run_labels`; pods add ``llmrl.io/role`` (``job``,
 ``driver`` for the RayJob's submitter, ``head``, or the worker group's name). Every pod meets
@@ -39,6 +49,12 @@ RAY_STAGES: tuple[str, ...] = ("sft", "grpo")
 """Stages that run as a RayJob; the others run as a one-pod Job."""
 CONFIG_DIR = "/etc/llmrl"
 DRIVER_RESOURCE = "llmrl_driver"
+"""Custom Ray resource of the one node that hosts a RayJob's entrypoint (the driver)."""
+DRIVER_CPUS = 1
+"""Ray CPUs the driver reserves (``entrypointNumCpus``); a ``grpo`` head offers exactly these."""
+TRAINING_DRIVERS: tuple[str, ...] = ("sft",)
+"""Ray stages whose driver is the training process (on the trainer group, with its GPUs);
+the driver of the others only orchestrates, from the head."""
 LABEL_RUN, LABEL_STAGE, LABEL_ROLE = "llmrl.io/run", "llmrl.io/stage", "llmrl.io/role"
 # The "restricted" Pod Security Standard: a non-root uid, the runtime's seccomp profile, no
 # privilege escalation and no capabilities. The container part is always applied, so a pod
@@ -211,8 +227,13 @@ def build_rayjob_manifest(
     env: Mapping[str, str] | None = None,
     config_map: str | None = None,
 ) -> dict[str, Any]:
-    """A KubeRay ``RayJob`` (ray.io/v1) running one stage on its own Ray cluster."""
+    """A KubeRay ``RayJob`` (ray.io/v1) running one stage on its own Ray cluster.
+
+    The driver runs on the trainer group for a stage of :data:`TRAINING_DRIVERS`, else on the
+    head (see the module docstring).
+    """
     labels = run_labels(name, stage)
+    trains = stage in TRAINING_DRIVERS
     all_env = {**settings.env, **(env or {})}
     head_container = {
         **_ray_container(settings, "ray-head", settings.head, all_env),
@@ -222,8 +243,11 @@ def build_rayjob_manifest(
             {"containerPort": 10001, "name": "client"},
         ],
     }
+    # The head runs Ray's control plane, and the orchestrating driver (its one CPU) if any.
+    head_cpus = "0" if trains else str(DRIVER_CPUS)
+    head_start = {"num-cpus": head_cpus, **({} if trains else _driver_start_params())}
     head = {
-        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+        "rayStartParams": {**head_start, "dashboard-host": "0.0.0.0"},
         "template": _ray_pod(settings, labels, "head", head_container, config_map, None),
     }
     groups = [
@@ -252,7 +276,7 @@ def build_rayjob_manifest(
         "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
         "backoffLimit": 0,
         "submissionMode": "K8sJobMode",
-        "entrypointNumCpus": 1,
+        "entrypointNumCpus": DRIVER_CPUS,
         "entrypointResources": json.dumps({DRIVER_RESOURCE: 1}),
         "submitterPodTemplate": submitter,
         "rayClusterSpec": {
@@ -262,8 +286,7 @@ def build_rayjob_manifest(
             "workerGroupSpecs": groups,
         },
     }
-    shared_gpus = topology.colocated and stage == "grpo"  # the engines use the trainer's GPUs
-    if topology.trainer.gpus and not shared_gpus:
+    if trains and topology.trainer.gpus:
         spec["entrypointNumGpus"] = topology.trainer.gpus
     if all_env:
         spec["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(all_env)}, sort_keys=True)
@@ -274,14 +297,18 @@ def build_rayjob_manifest(
 
 
 def _ray_groups(stage: str, topology: Topology) -> list[tuple[str, int, PodResources, Any, bool]]:
-    """(group name, replicas, pod resources, scheduling, hosts the driver) per worker group."""
+    """(group name, replicas, pod resources, scheduling, hosts the driver) per worker group.
+
+    The trainer group is one pod for every rank (``trainer.world_size``): a GPU each, or CPU
+    ranks sharing ``trainer.cpus``, as the trainer's placement group asks.
+    """
     inference, trainer = topology.inference, topology.trainer
     groups: list[tuple[str, int, PodResources, Any, bool]] = []
     if topology.colocated and stage == "grpo":
         cpus = trainer.cpus + inference.engines * inference.cpus_per_engine
         memory = trainer.memory_gb + inference.engines * inference.memory_gb
         resources = PodResources(cpus=cpus, memory_gb=memory, gpus=trainer.gpus)
-        groups.append(("colocated", 1, resources, trainer.scheduling, True))
+        groups.append(("colocated", 1, resources, trainer.scheduling, False))
     else:
         if stage == "grpo":
             engine = PodResources(
@@ -291,7 +318,7 @@ def _ray_groups(stage: str, topology: Topology) -> list[tuple[str, int, PodResou
             )
             groups.append(("inference", inference.engines, engine, inference.scheduling, False))
         resources = PodResources(cpus=trainer.cpus, memory_gb=trainer.memory_gb, gpus=trainer.gpus)
-        groups.append(("trainer", 1, resources, trainer.scheduling, True))
+        groups.append(("trainer", 1, resources, trainer.scheduling, stage in TRAINING_DRIVERS))
     reference = topology.reference
     if stage == "grpo" and reference.placement == "dedicated":
         resources = PodResources(
@@ -317,8 +344,7 @@ def _worker_group(
     driver: bool,
 ) -> dict[str, Any]:
     container = _ray_container(settings, "ray-worker", resources, env)
-    # A shell-quoted JSON mapping: KubeRay pastes it into the `ray start` command line.
-    start = {"resources": f"'{json.dumps({DRIVER_RESOURCE: 1})}'"} if driver else {}
+    start = _driver_start_params() if driver else {}
     return {
         "groupName": group,
         "replicas": replicas,
@@ -327,6 +353,12 @@ def _worker_group(
         "rayStartParams": start,
         "template": _ray_pod(settings, labels, group, container, config_map, scheduling),
     }
+
+
+def _driver_start_params() -> dict[str, str]:
+    """``rayStartParams`` of the node that hosts the driver: it offers :data:`DRIVER_RESOURCE`."""
+    # A shell-quoted JSON mapping: KubeRay pastes it into the `ray start` command line.
+    return {"resources": f"'{json.dumps({DRIVER_RESOURCE: 1})}'"}
 
 
 def _ray_container(

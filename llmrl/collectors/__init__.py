@@ -2,12 +2,15 @@
 
 - :class:`LLMCollector`: one env and one policy in this process;
 - :class:`RayLLMCollector`: env workers and inference actors on Ray (the ``local`` extra);
+- :class:`AsyncRollouts`: any collector in a background thread, at most ``max_staleness``
+  policy versions ahead of the trainer;
 - weight updaters (:class:`WeightUpdater` and its implementations) push trainer weights to the
   inference policies.
 
 Importing this package does not import Ray (or vLLM): they are imported when first used.
 """
 
+from llmrl.collectors.async_rollouts import AsyncRollouts
 from llmrl.collectors.llm_collector import (
     BatchAssembler,
     CollectorBase,
@@ -25,6 +28,7 @@ from llmrl.collectors.weight_sync import (
 )
 
 __all__ = [
+    "AsyncRollouts",
     "BatchAssembler",
     "CollectorBase",
     "EnvWorker",

@@ -55,9 +55,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -299,6 +298,11 @@ class RayLLMCollector(CollectorBase):
         runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
         max_actor_restarts: rebuilds allowed per actor after its process died (see the module
             docstring); 0 fails at the first death.
+        inference_actor_options, env_worker_options: Ray options of each actor by index
+            (resources, ``scheduling_strategy`` onto a placement group's bundle), instead of the
+            resource arguments above; a rebuilt actor gets its slot's options again.
+
+    ``policy_factory`` may also be a list, one factory per inference actor.
 
     Ray is started (``ray.init()``) if it is not running. Call :meth:`shutdown` at the end.
     """
@@ -321,6 +325,8 @@ class RayLLMCollector(CollectorBase):
         inference_gpus: float = 0.0,
         runtime_env: dict[str, Any] | None = None,
         max_actor_restarts: int = 3,
+        inference_actor_options: Sequence[dict[str, Any]] | None = None,
+        env_worker_options: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         if num_env_workers < 1 or num_inference_actors < 1:
             raise ValueError(
@@ -341,24 +347,48 @@ class RayLLMCollector(CollectorBase):
         self.stats.update(env_worker_restarts=0, inference_actor_restarts=0)
         options: dict[str, Any] = {} if runtime_env is None else {"runtime_env": runtime_env}
         per_actor = math.ceil(num_env_workers / num_inference_actors)
-        inference_options = {
-            "num_cpus": inference_cpus,
-            "num_gpus": inference_gpus,
-            "max_concurrency": per_actor + 1,  # its workers, and a weight load
-            **options,
-        }
-        version_key = "policy_version" if track_policy_version else None
-        self._new_inference_actor = partial(
-            _start_actor, InferenceActor, inference_options, policy_factory, version_key
+        default_inference = {"num_cpus": inference_cpus, "num_gpus": inference_gpus}
+        inference_options = [
+            {
+                **(default_inference if inference_actor_options is None else {}),
+                **(inference_actor_options[i] if inference_actor_options is not None else {}),
+                "max_concurrency": per_actor + 1,  # its workers, and a weight load
+                **options,
+            }
+            for i in range(num_inference_actors)
+        ]
+        worker_options = [
+            {
+                **(
+                    {"num_cpus": env_worker_cpus}
+                    if env_worker_options is None
+                    else env_worker_options[i]
+                ),
+                **options,
+            }
+            for i in range(num_env_workers)
+        ]
+        factories = (
+            list(policy_factory)
+            if isinstance(policy_factory, (list, tuple))
+            else [policy_factory] * num_inference_actors
         )
-        self._new_env_worker = partial(
-            _start_env_worker,
-            {"num_cpus": env_worker_cpus, **options},
+        version_key = "policy_version" if track_policy_version else None
+        self._new_inference_actor = lambda index: _start_actor(
+            InferenceActor, inference_options[index], factories[index], version_key
+        )
+        self._new_env_worker = lambda index, inference_actor: _start_actor(
+            EnvWorker,
+            worker_options[index],
             env_factory,
+            index,
             num_env_workers,
+            inference_actor,
             yield_completed_trajectories,
         )
-        self.inference_actors = [self._new_inference_actor() for _ in range(num_inference_actors)]
+        self.inference_actors = [
+            self._new_inference_actor(index) for index in range(num_inference_actors)
+        ]
         self.env_workers = [
             self._new_env_worker(index, self._inference_of(index))
             for index in range(num_env_workers)
@@ -414,16 +444,18 @@ class RayLLMCollector(CollectorBase):
         dead_inference = dead_actors(self.inference_actors)
         for index, error in dead_inference.items():
             self._budget.spend(f"inference actor {index}", error)
-            old, new = self.inference_actors[index], self._new_inference_actor()
+            old, new = self.inference_actors[index], self._new_inference_actor(index)
             self.inference_actors[index] = new
-            if isinstance(self.weight_updater, RayObjectStoreWeightUpdater):
-                self.weight_updater.restore(old, new)
-            elif self.policy_version > 0:
-                raise RuntimeError(
-                    f"inference actor {index} died and was rebuilt, but the weight updater "
-                    f"{type(self.weight_updater).__name__} cannot reload version "
-                    f"{self.policy_version} into it"
-                ) from error
+            try:
+                if self.weight_updater is not None:
+                    self.weight_updater.restore(old, new)
+            except NotImplementedError:
+                if self.policy_version > 0:
+                    raise RuntimeError(
+                        f"inference actor {index} died and was rebuilt, but the weight updater "
+                        f"{type(self.weight_updater).__name__} cannot reload version "
+                        f"{self.policy_version} into it"
+                    ) from error
             ray.get(new.set_version.remote(self.policy_version))
             self.stats["inference_actor_restarts"] += 1
             logger.warning("inference actor %d died (%s); rebuilt it", index, first_line(error))
@@ -502,23 +534,3 @@ def _start_actor(cls: type, options: dict[str, Any], *args: Any) -> Any:
     """A Ray actor of ``cls`` with ``options``, constructed with ``args``."""
     ray = import_ray("RayLLMCollector")
     return ray.remote(cls).options(**options).remote(*args)
-
-
-def _start_env_worker(
-    options: dict[str, Any],
-    env_factory: Callable[[int], ChatEnv],
-    num_workers: int,
-    yield_completed_trajectories: bool,
-    index: int,
-    inference_actor: Any,
-) -> Any:
-    """The env worker actor ``index``, calling ``inference_actor``."""
-    return _start_actor(
-        EnvWorker,
-        options,
-        env_factory,
-        index,
-        num_workers,
-        inference_actor,
-        yield_completed_trajectories,
-    )

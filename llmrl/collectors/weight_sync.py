@@ -57,6 +57,9 @@ class WeightUpdater(ABC):
         source: what :meth:`push` sends when called without weights (the trainer's model).
     """
 
+    needs_weights = True
+    """False for updaters whose weights live elsewhere (trainer ranks send their own)."""
+
     def __init__(self, source: Weights | None = None) -> None:
         self.source = source
         self.version = 0
@@ -66,7 +69,7 @@ class WeightUpdater(ABC):
         """Send ``weights`` (default: ``source``) to the targets; ``version`` defaults to the
         last one plus one."""
         weights = self.source if weights is None else weights
-        if weights is None:
+        if weights is None and self.needs_weights:
             raise ValueError(f"{type(self).__name__}.push needs weights (or a source= model)")
         version = self.version + 1 if version is None else int(version)
         start = time.perf_counter()
@@ -80,6 +83,14 @@ class WeightUpdater(ABC):
     @abstractmethod
     def _push(self, weights: Weights, version: int) -> int:
         """Deliver the weights; returns the number of bytes transferred."""
+
+    def restore(self, old: Any, new: Any) -> None:
+        """Put the inference actor ``new`` in the place of ``old`` (a dead one) with the last
+        pushed weights. Updaters that cannot reload weights into a new actor raise."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot reload version {self.version} into a rebuilt "
+            "inference actor"
+        )
 
 
 class InProcessWeightUpdater(WeightUpdater):

@@ -14,6 +14,11 @@ from llmrl.config.common import (
     StageConfig,
 )
 from llmrl.config.loading import ConfigModel
+from llmrl.topology.spec import Topology
+
+TOPOLOGY_ENV = "LLMRL_TOPOLOGY"
+"""A YAML file holding the cluster's topology (the chart's ConfigMap, mounted in stage pods),
+read when the config names no ``topology``."""
 
 
 class GRPOLossSettings(ConfigModel):
@@ -47,6 +52,36 @@ class AdvantageSettings(ConfigModel):
     )
 
 
+class RuntimeSettings(ConfigModel):
+    """How the GRPO runtime runs its roles on Ray (see :mod:`llmrl.runtime`)."""
+
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto' inside a RayJob); None: $RAY_ADDRESS when set, "
+        "else a local Ray started for the stage",
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads of each engine and trainer rank (None: torch's default; "
+        "on a CPU machine, the cores: sampling and training take turns in sync mode)",
+    )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="how long to wait for the topology's placement groups"
+    )
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="torch.distributed timeout of the trainer ranks' collectives"
+    )
+    batching_timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="how long an engine waits for the other env workers' requests of a step",
+    )
+    max_actor_restarts: int = Field(
+        3, ge=0, description="rebuilds allowed per inference engine or env worker that died"
+    )
+
+
 class GRPOConfig(StageConfig):
     """Settings of ``llmrl grpo``: each step samples ``prompts_per_step`` prompts x
     ``num_samples`` responses, computes group-relative advantages, runs ``updates_per_step``
@@ -72,7 +107,18 @@ class GRPOConfig(StageConfig):
         "sync", description="sync: strictly on-policy; async: collect while training"
     )
     max_staleness: int = Field(
-        1, ge=0, description="async: drop samples more than this many versions old"
+        1,
+        ge=0,
+        description="async: sampling runs at most this many policy versions ahead of training "
+        "(the sampler waits)",
+    )
+    topology: Topology | None = Field(
+        None,
+        description="where the roles run (engines, env workers, trainer ranks, reference); "
+        f"None: the file named by ${TOPOLOGY_ENV} when set, else Topology.local_default()",
+    )
+    runtime: RuntimeSettings = Field(
+        default_factory=RuntimeSettings, description="Ray and torch.distributed settings"
     )
     reference: bool = Field(False, description="load a frozen reference model (for KL to ref)")
     generation: GenerationSettings = Field(
@@ -95,4 +141,37 @@ class GRPOConfig(StageConfig):
     def _reference_needed(self) -> GRPOConfig:
         if self.loss.kl_to_ref_coeff > 0 and not self.reference:
             raise ValueError("loss.kl_to_ref_coeff > 0 needs `reference: true`")
+        if self.topology is not None:
+            problems = topology_problems(self, self.topology)
+            if problems:
+                raise ValueError("\n".join(problems))
         return self
+
+
+def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
+    """Why ``config`` cannot run on ``topology`` (empty when it can); each line starts with the
+    field to change."""
+    problems = []
+    workers = topology.env_workers.count
+    if workers < 1:
+        problems.append(
+            "topology.env_workers.count: the GRPO runtime runs the environments in env workers; "
+            "must be >= 1"
+        )
+    elif config.prompts_per_step % workers:
+        problems.append(
+            f"prompts_per_step: each of the {workers} env workers (topology.env_workers.count) "
+            f"draws an equal share of a step's prompts; must be a multiple of {workers}, got "
+            f"{config.prompts_per_step}"
+        )
+    if config.reference and topology.reference.placement == "none":
+        problems.append(
+            "topology.reference.placement: `reference: true` needs a reference model; use "
+            "'with_trainer' or 'dedicated' (or set reference: false)"
+        )
+    if config.lora.enabled and topology.trainer.strategy == "fsdp":
+        problems.append(
+            "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path; use "
+            "topology.trainer.strategy 'ddp' (or 'single') with LoRA"
+        )
+    return problems

@@ -31,6 +31,11 @@ class DatasetChatEnv(ChatEnv):
         seed: int = 0,
         epochs: int | None = None,
         transforms: list[EnvTransform] | None = None,
+        group_ids: tuple[int, int] = (0, 1),
     ) -> None:
-        self.primer = DataLoadingPrimer(rows, batch_size, repeats, shuffle, seed, epochs)
+        """``group_ids``: ``(start, step)`` of the group ids drawn (see
+        :class:`DataLoadingPrimer`); env workers ``i`` of ``n`` pass ``(i, n)``."""
+        self.primer = DataLoadingPrimer(
+            rows, batch_size, repeats, shuffle, seed, epochs, *group_ids
+        )
         super().__init__(system_prompt, max_turns, [self.primer, *(transforms or [])])

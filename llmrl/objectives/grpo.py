@@ -32,6 +32,7 @@ from torch import nn
 
 from llmrl.objectives.token_level import (
     aggregate,
+    aggregation_normalizer,
     align_to_layout,
     check_aggregation,
     k3,
@@ -69,6 +70,9 @@ class GRPOLossOutput(TensorClass["nocast"]):
     ESS: torch.Tensor
     entropy: torch.Tensor | None = None
     kl_to_ref: torch.Tensor | None = None
+    normalizer: torch.Tensor | None = None
+    """What the aggregation divided by (valid tokens, or sequences): trainer ranks weight their
+    means by it to get the whole batch's (see :mod:`llmrl.train.grpo_trainer`)."""
 
     def total(self) -> torch.Tensor:
         """The loss to minimise: the sum of the ``loss_*`` terms."""
@@ -201,6 +205,7 @@ def grpo_objective(
             else zero
         ),
         **diagnostics,
+        normalizer=aggregation_normalizer(mask, aggregation),
         batch_size=[],
     )
 

@@ -171,6 +171,19 @@ def check_aggregation(aggregation: str, max_length_norm: float | None) -> None:
         )
 
 
+def aggregation_normalizer(mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """What :func:`aggregate` divides by: the valid tokens (``token_mean``, ``none``), the
+    sequences with a valid token (``prompt_mean``) or all ``N`` sequences (``sum_norm``).
+
+    Trainer ranks sum it over their shards to weight each rank's mean into the global one.
+    """
+    if aggregation == "prompt_mean":
+        return (mask.sum(1) > 0).sum().float()
+    if aggregation == "sum_norm":
+        return torch.tensor(float(mask.shape[0]), device=mask.device)
+    return mask.sum().float()
+
+
 def aggregate(
     per_token: torch.Tensor, mask: torch.Tensor, aggregation: str, max_length_norm: float | None
 ) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from llmrl.data import pad_sequences
+from llmrl.models.sharding import is_fully_sharded
 from llmrl.policies.prompt_cache import distinct_rows
 
 
@@ -35,13 +36,16 @@ def score_responses(
 ) -> torch.Tensor:
     """``[N, max len]`` log-probs of each sequence's response tokens (0 elsewhere).
 
-    Every prompt must be at least one token long and some response non-empty.
+    Every prompt must be at least one token long and some response non-empty. An FSDP2 model
+    gets one pass (it frees gathered weights after each forward, so two forwards cannot share
+    one backward).
     """
     prompts = [s[:n] for s, n in zip(sequences, prompt_lengths, strict=True)]
     responses = [s[n:] for s, n in zip(sequences, prompt_lengths, strict=True)]
     firsts, row_to_prompt = distinct_rows(prompts)
     distinct = [prompts[i] for i in firsts]
-    if len(distinct) < len(prompts) and min(len(p) for p in distinct) > 1:
+    shareable = len(distinct) < len(prompts) and min(len(p) for p in distinct) > 1
+    if shareable and not is_fully_sharded(model):
         log_probs, response_mask = _shared_prompts(
             model, distinct, row_to_prompt, responses, pad_token_id, device
         )

@@ -2,10 +2,12 @@
 
 :func:`plan_groups` turns a topology into the placement groups it needs (pure, no Ray):
 
-* one group per inference engine, ``tensor_parallel_size`` bundles of ``{"GPU": 1, "CPU": x}``
-  for vllm (``STRICT_PACK``: tensor-parallel ranks on one node) or one ``{"CPU": x}`` bundle
-  for the transformers backend;
-* one group for the trainer, a ``{"GPU": 1, "CPU": x}`` bundle per GPU (or one CPU bundle);
+* one group per inference engine, one ``{"GPU": 1, "CPU": x}`` bundle per GPU of the engine
+  (``STRICT_PACK``: a vllm engine's tensor-parallel ranks on one node), or one ``{"CPU": x}``
+  bundle for a CPU transformers engine;
+* one group for the trainer, one bundle per rank (``TrainerSpec.world_size``):
+  ``{"GPU": 1, "CPU": cpus / gpus}`` per GPU rank, or ``{"CPU": cpus / ranks}`` per CPU rank,
+  so ``placement.trainer.bundle_indices[rank]`` is the bundle of that rank's actor;
 * with ``colocated``, one shared group instead: engine ``i`` uses bundles
   ``[i * tp, (i + 1) * tp)`` of the trainer's GPUs;
 * one group for a dedicated reference model, and one ``SPREAD`` group of ``{"CPU": cpus_each}``
@@ -104,8 +106,8 @@ class Placement:
 def plan_groups(topology: Topology) -> tuple[list[GroupPlan], list[RolePlan]]:
     """The placement groups ``topology`` needs and which bundles each role uses (no Ray).
 
-    Roles are ``inference[i]``, ``trainer``, ``reference`` (dedicated only) and
-    ``env_workers`` (when there are any).
+    Roles are ``inference[i]``, ``trainer`` (one bundle per rank), ``reference`` (dedicated
+    only) and ``env_workers`` (when there are any).
     """
     inference, trainer = topology.inference, topology.trainer
     groups: list[GroupPlan] = []
@@ -131,10 +133,11 @@ def plan_groups(topology: Topology) -> tuple[list[GroupPlan], list[RolePlan]]:
             )
             roles.append(RolePlan(f"inference[{engine}]", len(groups), tuple(range(len(bundles)))))
             groups.append(GroupPlan(f"inference[{engine}]", bundles, "STRICT_PACK"))
+        ranks = trainer.world_size
         bundles = (
             _gpu_bundles(trainer.gpus, trainer.cpus)
             if trainer.gpus
-            else ({"CPU": _cpus(trainer.cpus)},)
+            else tuple({"CPU": _cpus(trainer.cpus / ranks)} for _ in range(ranks))
         )
         roles.append(RolePlan("trainer", len(groups), tuple(range(len(bundles)))))
         groups.append(GroupPlan("trainer", bundles, "PACK"))

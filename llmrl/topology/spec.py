@@ -8,8 +8,12 @@ turns it into Ray placement groups. Every cross-field rule lives in
 :meth:`Topology._consistent`, and each error line starts with the dotted field it is about, so
 :func:`llmrl.config.loading.load_config` reports ``<file>: <field>: <message>``.
 
-The simple rules (a transformers engine has no tensor parallelism, ``single`` training uses at
-most one GPU, ...) are also written into the JSON schema as ``if``/``then`` clauses, so Helm's
+The trainer runs as :attr:`TrainerSpec.world_size` processes (torch.distributed ranks): one
+per GPU, or ``ranks`` CPU processes when it has no GPUs, so a development cluster can run
+``ddp`` on CPU.
+
+The simple rules (a transformers engine has no tensor parallelism, ``single`` training is one
+rank, ...) are also written into the JSON schema as ``if``/``then`` clauses, so Helm's
 ``values.schema.json`` rejects them before any template renders.
 """
 
@@ -26,7 +30,7 @@ Strategy = Literal["single", "ddp", "fsdp"]
 ReferencePlacement = Literal["with_trainer", "dedicated", "none"]
 
 MULTI_GPU_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
-"""Training strategies that spread one model over several GPUs (need >= 2)."""
+"""Training strategies that spread training over several ranks (need a world size >= 2)."""
 
 
 class SchedulingSpec(ConfigModel):
@@ -65,8 +69,8 @@ class InferenceSpec(ConfigModel):
     """The rollout engines: how many, how each is sharded, and what each one needs.
 
     ``gpus_per_engine`` may be left out (null): :attr:`engine_gpus` then derives it from the
-    backend (the tensor-parallel size for vllm, 0 for the CPU transformers backend); when given,
-    it must agree with the backend.
+    backend (the tensor-parallel size for vllm, 0 for the transformers backend); when given, it
+    must agree with the backend (a transformers engine runs on CPU or on one GPU).
 
     Example::
 
@@ -84,7 +88,7 @@ class InferenceSpec(ConfigModel):
                     "then": {
                         "properties": {
                             "tensor_parallel_size": {"const": 1},
-                            "gpus_per_engine": {"enum": [0, None]},
+                            "gpus_per_engine": {"enum": [0, 1, None]},
                         }
                     },
                 }
@@ -95,8 +99,8 @@ class InferenceSpec(ConfigModel):
     backend: Backend = Field(
         "vllm",
         description=(
-            "'vllm' (GPU engines, one GPU per tensor-parallel rank) or 'transformers' (one CPU "
-            "process per engine, for development clusters without GPUs)"
+            "'vllm' (GPU engines, one GPU per tensor-parallel rank) or 'transformers' (one "
+            "process per engine on CPU or one GPU, for development clusters)"
         ),
     )
     engines: int = Field(1, ge=1, description="number of independent inference engines")
@@ -108,7 +112,8 @@ class InferenceSpec(ConfigModel):
         ge=0,
         description=(
             "GPUs each engine's pod requests; derived when left out (tensor_parallel_size for "
-            "vllm, 0 for transformers) and must agree with the backend when given"
+            "vllm, 0 for transformers) and must agree with the backend when given (0 or 1 for "
+            "transformers)"
         ),
     )
     gpu_memory_utilization: float = Field(
@@ -130,11 +135,15 @@ class InferenceSpec(ConfigModel):
 
 
 class TrainerSpec(ConfigModel):
-    """The policy trainer: its GPUs, its parallel strategy and its pod's CPUs and memory.
+    """The policy trainer: its ranks, GPUs, parallel strategy and its pod's CPUs and memory.
+
+    The trainer runs :attr:`world_size` processes (torch.distributed ranks): one per GPU, or
+    ``ranks`` processes on CPU when ``gpus`` is 0 (``ddp`` on a development cluster).
 
     Example::
 
         TrainerSpec(gpus=8, strategy="fsdp", cpus=32, memory_gb=512)
+        TrainerSpec(gpus=0, ranks=2, strategy="ddp", cpus=2)  # two CPU ranks
     """
 
     model_config = ConfigDict(
@@ -142,30 +151,53 @@ class TrainerSpec(ConfigModel):
             "allOf": [
                 {
                     "if": {"properties": {"strategy": {"const": "single"}}},
-                    "then": {"properties": {"gpus": {"maximum": 1}}},
+                    "then": {"properties": {"gpus": {"maximum": 1}, "ranks": {"enum": [1, None]}}},
                 },
                 {
                     "if": {
                         "properties": {"strategy": {"enum": list(MULTI_GPU_STRATEGIES)}},
                         "required": ["strategy"],
                     },
-                    "then": {"required": ["gpus"], "properties": {"gpus": {"minimum": 2}}},
+                    "then": {
+                        "anyOf": [
+                            {"required": ["gpus"], "properties": {"gpus": {"minimum": 2}}},
+                            {
+                                "required": ["ranks"],
+                                "properties": {"ranks": {"type": "integer", "minimum": 2}},
+                            },
+                        ]
+                    },
                 },
             ]
         }
     )
 
     gpus: int = Field(1, ge=0, description="GPUs of the trainer (0 trains on CPU)")
+    ranks: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "trainer processes (torch.distributed ranks); derived when left out: gpus when > 0, "
+            "else 1; with GPUs it must equal gpus (one rank per GPU)"
+        ),
+    )
     strategy: Strategy = Field(
         "single",
         description=(
             "'single' (one process, at most 1 GPU), 'ddp' (data parallel) or 'fsdp' (sharded); "
-            "ddp and fsdp need at least 2 GPUs"
+            "ddp and fsdp need at least 2 ranks (2 GPUs, or gpus 0 and ranks >= 2 on CPU)"
         ),
     )
     cpus: float = Field(8.0, gt=0, description="CPU cores of the trainer's pod")
     memory_gb: float = Field(64.0, gt=0, description="memory of the trainer's pod, in GiB")
     scheduling: SchedulingSpec = _scheduling_field()
+
+    @property
+    def world_size(self) -> int:
+        """Trainer processes (torch.distributed ranks): ``ranks``, else ``gpus``, else 1."""
+        if self.ranks is not None:
+            return self.ranks
+        return self.gpus or 1
 
 
 class ReferenceSpec(ConfigModel):
@@ -335,12 +367,13 @@ class Topology(ConfigModel):
             if size != 1:
                 problems.append(
                     "inference.tensor_parallel_size: the transformers backend runs each engine "
-                    f"as one CPU process and cannot shard it; must be 1 (got {size})"
+                    f"as one process and cannot shard it; must be 1 (got {size})"
                 )
-            if gpus:
+            if gpus > 1:
                 problems.append(
-                    "inference.gpus_per_engine: the transformers backend runs on CPU; must be 0 "
-                    f"(got {gpus}); use backend 'vllm' for GPU engines"
+                    "inference.gpus_per_engine: the transformers backend runs each engine on CPU "
+                    f"or one GPU; must be 0 or 1 (got {gpus}); use backend 'vllm' to shard an "
+                    "engine over several GPUs"
                 )
             return problems
         if gpus != size:
@@ -351,16 +384,31 @@ class Topology(ConfigModel):
         return []
 
     def _trainer_problems(self) -> list[str]:
-        strategy, gpus = self.trainer.strategy, self.trainer.gpus
+        trainer = self.trainer
+        strategy, gpus, ranks = trainer.strategy, trainer.gpus, trainer.ranks
+        if gpus and ranks is not None and ranks != gpus:
+            return [
+                f"trainer.ranks: each rank of a GPU trainer drives one GPU; must equal "
+                f"trainer.gpus ({gpus}) or be left out (got {ranks}); set trainer.gpus to 0 "
+                "for CPU ranks"
+            ]
         if strategy == "single" and gpus > 1:
             return [
                 f"trainer.gpus: strategy 'single' trains in one process on at most 1 GPU (got "
                 f"{gpus}); use strategy 'ddp' or 'fsdp' for more"
             ]
-        if strategy in MULTI_GPU_STRATEGIES and gpus < 2:
+        if strategy == "single" and trainer.world_size > 1:
             return [
-                f"trainer.gpus: strategy '{strategy}' spreads training over several GPUs and "
-                f"needs at least 2 (got {gpus}); use strategy 'single' for 0 or 1 GPU"
+                f"trainer.ranks: strategy 'single' trains in one process; must be 1 or left out "
+                f"(got {ranks}); use strategy 'ddp' or 'fsdp' for several ranks"
+            ]
+        if strategy in MULTI_GPU_STRATEGIES and trainer.world_size < 2:
+            field = "trainer.gpus" if ranks is None else "trainer.ranks"
+            return [
+                f"{field}: strategy '{strategy}' spreads training over several ranks and needs "
+                f"at least 2 (the trainer's world size is {trainer.world_size}); set "
+                "trainer.gpus >= 2 (one rank per GPU), or trainer.gpus 0 and trainer.ranks >= 2 "
+                "to train on CPU, or use strategy 'single'"
             ]
         return []
 

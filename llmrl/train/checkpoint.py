@@ -142,11 +142,15 @@ class CheckpointManager:
         scheduler: Any = None,
         extra: dict | None = None,
         metrics: dict | None = None,
+        model_state: dict[str, torch.Tensor] | None = None,
     ) -> Path:
         """Write the checkpoint for ``step`` atomically, then prune old ones; return its path.
 
         Saving a step that already exists replaces it. The RNG states are captured first, so
-        saving does not shift what the training loop draws next.
+        saving does not shift what the training loop draws next. ``optimizer`` may be an
+        optimizer or its state dict already gathered (a sharded trainer's); ``model_state``
+        replaces the model's own state dict in ``model/`` (the gathered weights of a sharded
+        model).
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -172,7 +176,7 @@ class CheckpointManager:
         staging = self.directory / f".{target.name}.tmp-{secrets.token_hex(4)}"
         staging.mkdir()
         try:
-            self._write_model(staging, model, tokenizer)
+            self._write_model(staging, model, tokenizer, model_state)
             self._write_training_state(staging / TRAINING_STATE_FILE, optimizer, scheduler, rng)
             fault_point("checkpoint_write", step)  # crash tests: weights written, no marker
             (staging / TRAINER_STATE_FILE).write_text(trainer_json)
@@ -191,9 +195,13 @@ class CheckpointManager:
         self._prune(keep=target)
         return target
 
-    def _write_model(self, staging: Path, model: Any, tokenizer: Any) -> None:
+    def _write_model(
+        self, staging: Path, model: Any, tokenizer: Any, model_state: dict | None
+    ) -> None:
         model_dir = staging / MODEL_DIR
-        if _is_peft(model):
+        if model_state is not None:
+            model.save_pretrained(model_dir, state_dict=model_state)
+        elif _is_peft(model):
             # Merge into a copy: the caller keeps training the adapter on the original.
             merged = copy.deepcopy(model).merge_and_unload()
             merged.save_pretrained(model_dir)
@@ -206,7 +214,7 @@ class CheckpointManager:
 
     def _write_training_state(self, path: Path, optimizer: Any, scheduler: Any, rng: dict) -> None:
         state = {
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "optimizer": optimizer if isinstance(optimizer, dict) else _state_of(optimizer),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng,
         }
@@ -297,7 +305,7 @@ class CheckpointManager:
         if model is not None:
             _load_model_weights(path, model)
         if optimizer is not None or scheduler is not None or restore_rng:
-            training = torch.load(path / TRAINING_STATE_FILE, map_location="cpu", weights_only=True)
+            training = read_training_state(path)
             for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
                 if target is None:
                     continue
@@ -321,6 +329,15 @@ class CheckpointManager:
             logger.info("No checkpoint in %s; starting from scratch", self.directory)
             return None
         return self.load(latest, model=model, optimizer=optimizer, scheduler=scheduler)
+
+
+def read_training_state(path: str | Path) -> dict:
+    """A checkpoint's ``training_state.pt``: optimizer, scheduler and RNG states."""
+    return torch.load(Path(path) / TRAINING_STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def _state_of(stateful: Any) -> dict | None:
+    return stateful.state_dict() if stateful is not None else None
 
 
 def _is_peft(model: Any) -> bool:

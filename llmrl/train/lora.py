@@ -24,3 +24,20 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def inference_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights an inference engine loads: the model's own state dict, or for a LoRA model
+    the base model's names with the adapters merged in (computed on a merged view, then the
+    adapters are unmerged so training continues on them)."""
+    if not hasattr(model, "merge_adapter"):
+        return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    model.merge_adapter()
+    try:
+        return {
+            name.replace(".base_layer", ""): tensor.detach().cpu().clone()
+            for name, tensor in model.get_base_model().state_dict().items()
+            if ".lora_" not in name
+        }
+    finally:
+        model.unmerge_adapter()

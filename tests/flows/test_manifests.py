@@ -8,6 +8,7 @@ groups, submitter) through kubernetes-validate as a ``v1 PodTemplate``.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from flows.launchers.manifests import (
+    DRIVER_CPUS,
     DRIVER_RESOURCE,
     KubernetesSettings,
     build_config_map,
@@ -32,6 +34,8 @@ from llmrl.topology import (
     Topology,
     TrainerSpec,
 )
+from llmrl.topology.placement import GroupPlan, plan_groups, requested_resources
+from tests.topology.test_spec import chart_topology
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -60,6 +64,15 @@ TOPOLOGIES = {
         colocated=True,
     ),
     "cpu": Topology.local_default(),
+    "cpu-ddp": Topology.model_validate(chart_topology("cpu-ddp.yaml")),
+}
+CHART_TOPOLOGIES = {
+    "local-default": Topology.local_default(),
+    "chart-default": Topology.model_validate(chart_topology()),
+    **{
+        path.name: Topology.model_validate(chart_topology(path.name))
+        for path in sorted((REPO / "helm/llmrl/examples").glob("*.yaml"))
+    },
 }
 SETTINGS = KubernetesSettings(
     namespace="llmrl",
@@ -179,7 +192,6 @@ def test_rayjob_layout_follows_the_topology() -> None:
     ]  # fmt: skip
     assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"env_vars": {**SETTINGS.env, **ENV}}
     cluster = spec["rayClusterSpec"]
-    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     templates = _pod_templates(rayjob)
     assert _gpus(templates["head"]) == 0
     groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
@@ -197,11 +209,13 @@ def test_rayjob_layout_follows_the_topology() -> None:
         pod = groups[group]["template"]["spec"]
         assert pod["nodeSelector"] == GPU_NODES.node_selector
         assert pod["tolerations"] == GPU_NODES.tolerations
-    # The driver (the training process) lands on the trainer group with the trainer's GPUs.
+    # The driver only orchestrates: it runs on the head's one CPU and asks for no GPU.
     assert json.loads(spec["entrypointResources"]) == {DRIVER_RESOURCE: 1}
-    assert DRIVER_RESOURCE in groups["trainer"]["rayStartParams"]["resources"]
-    assert "resources" not in groups["inference"]["rayStartParams"]
-    assert spec["entrypointNumGpus"] == 8
+    assert spec["entrypointNumCpus"] == DRIVER_CPUS == 1
+    assert "entrypointNumGpus" not in spec
+    head = cluster["headGroupSpec"]["rayStartParams"]
+    assert head["num-cpus"] == "1" and DRIVER_RESOURCE in head["resources"]
+    assert all("resources" not in group["rayStartParams"] for group in groups.values())
     # Every Ray pod sees the stage config and the shared volume.
     for template in templates.values():
         labels = template["metadata"]["labels"]
@@ -214,8 +228,14 @@ def test_rayjob_layout_follows_the_topology() -> None:
 
 def test_sft_gets_only_the_trainer_and_colocated_grpo_one_group() -> None:
     sft = build_rayjob_manifest("sft", "llmrl-sft-0a1b2c", SETTINGS, TOPOLOGIES["split"])
-    groups = [g["groupName"] for g in sft["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
-    assert groups == ["trainer"]
+    cluster = sft["spec"]["rayClusterSpec"]
+    (trainer,) = cluster["workerGroupSpecs"]
+    assert trainer["groupName"] == "trainer"
+    # The sft driver is the training process: on the trainer group, with the trainer's GPUs.
+    assert DRIVER_RESOURCE in trainer["rayStartParams"]["resources"]
+    assert sft["spec"]["entrypointNumGpus"] == 8
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert "resources" not in cluster["headGroupSpec"]["rayStartParams"]
     colocated = build_rayjob_manifest(
         "grpo", "llmrl-grpo-0a1b2c", SETTINGS, TOPOLOGIES["colocated"]
     )
@@ -243,3 +263,98 @@ def test_an_invalid_manifest_is_caught_by_the_schemas() -> None:
     job["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = 3
     with pytest.raises(kubernetes_validate.ValidationError):
         _valid(job)
+
+
+def _ray_node(group: dict[str, Any]) -> dict[str, float]:
+    """The Ray resources one pod of a group advertises, as KubeRay starts it.
+
+    KubeRay's ``ray start`` takes ``num-cpus``/``num-gpus`` from ``rayStartParams`` when given,
+    else from the container's limits (CPU rounded up to whole cores, ``*gpu`` resources), plus
+    the custom ``resources`` JSON.
+    """
+    params = group["rayStartParams"]
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    cpu = limits["cpu"]
+    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    node = {
+        "CPU": float(params.get("num-cpus", math.ceil(cores))),
+        "GPU": float(params.get("num-gpus", limits.get("nvidia.com/gpu", 0))),
+    }
+    if "resources" in params:
+        node.update(json.loads(params["resources"].strip("'")))
+    return node
+
+
+def _ray_nodes(rayjob: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(head, one entry per worker pod) of a RayJob's cluster, in Ray resources."""
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    workers = [
+        _ray_node(group) for group in cluster["workerGroupSpecs"] for _ in range(group["replicas"])
+    ]
+    return _ray_node(cluster["headGroupSpec"]), workers
+
+
+def _pack(plans: list[GroupPlan], nodes: list[dict[str, float]]) -> list[str]:
+    """First-fit the planned bundles on the worker pods; the labels of groups that do not fit.
+
+    A ``STRICT_PACK`` group must fit on one pod; the other strategies may spread.
+    """
+    free = [dict(node) for node in nodes]
+
+    def fits(node: dict[str, float], need: dict[str, float]) -> bool:
+        return all(node.get(name, 0.0) + 1e-9 >= amount for name, amount in need.items())
+
+    def take(node: dict[str, float], need: dict[str, float]) -> None:
+        for name, amount in need.items():
+            node[name] -= amount
+
+    unplaced = []
+    for plan in plans:
+        units = [requested_resources([plan])] if plan.strategy == "STRICT_PACK" else plan.bundles
+        for need in units:
+            node = next((node for node in free if fits(node, need)), None)
+            if node is None:
+                unplaced.append(plan.label)
+                break
+            take(node, need)
+    return unplaced
+
+
+@pytest.mark.parametrize("topology_name", CHART_TOPOLOGIES)
+def test_grpo_rayjob_offers_ray_what_the_placement_reserves(topology_name: str) -> None:
+    # The runtime reserves `plan_groups(topology)` on the RayJob's cluster and starts one actor
+    # per role on it: the worker pods must advertise at least that, each GPU only once, and the
+    # driver (on the head) must need no GPU and no core of a worker.
+    topology = CHART_TOPOLOGIES[topology_name]
+    rayjob = build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", SETTINGS, topology)
+    spec = rayjob["spec"]
+    head, workers = _ray_nodes(rayjob)
+    plans, roles = plan_groups(topology)
+    requested = requested_resources(plans)
+    for resource in ("CPU", "GPU"):
+        offered = sum(node.get(resource, 0.0) for node in workers)
+        assert offered + 1e-9 >= requested.get(resource, 0.0), resource
+    assert sum(node["GPU"] for node in workers) == topology.total_gpus
+    assert head["GPU"] == 0
+    assert _pack(plans, workers) == []
+    trainer = {role.role: role for role in roles}["trainer"]
+    assert len(trainer.bundle_indices) == topology.trainer.world_size
+    # The driver: no GPU, its one CPU and the driver resource on the head, nowhere else.
+    assert spec.get("entrypointNumGpus", 0) == 0
+    assert json.loads(spec["entrypointResources"]) == {DRIVER_RESOURCE: 1}
+    assert head["CPU"] == spec["entrypointNumCpus"] == DRIVER_CPUS
+    assert head[DRIVER_RESOURCE] == 1
+    assert all(DRIVER_RESOURCE not in node for node in workers)
+
+
+@pytest.mark.parametrize("topology_name", CHART_TOPOLOGIES)
+def test_sft_rayjob_driver_trains_on_the_trainer_group(topology_name: str) -> None:
+    topology = CHART_TOPOLOGIES[topology_name]
+    rayjob = build_rayjob_manifest("sft", "llmrl-sft-0a1b2c", SETTINGS, topology)
+    head, workers = _ray_nodes(rayjob)
+    (trainer,) = workers
+    assert head["CPU"] == 0 and DRIVER_RESOURCE not in head
+    assert trainer[DRIVER_RESOURCE] == 1
+    assert trainer["GPU"] == topology.trainer.gpus
+    assert rayjob["spec"].get("entrypointNumGpus", 0) == topology.trainer.gpus
+    assert trainer["CPU"] >= rayjob["spec"]["entrypointNumCpus"]

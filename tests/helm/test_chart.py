@@ -56,6 +56,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
     },
     "external-mlflow": {"mlflow": {"enabled": False, "externalUri": "https://mlflow.example.com"}},
+    "transformers-on-gpus": {
+        "topology": {
+            "inference": {"backend": "transformers", "engines": 2, "gpus_per_engine": 1},
+            "trainer": {"gpus": 2, "ranks": 2, "strategy": "ddp"},
+        }
+    },
 }
 
 
@@ -293,8 +299,8 @@ def test_worker_groups_follow_the_topology(chart, name, rendered):
         assert (
             group["replicas"] == group["minReplicas"] == group["maxReplicas"] == inference.engines
         )
-        expected = inference.tensor_parallel_size if inference.backend == "vllm" else None
-        assert _gpus(group) == (expected, expected), "one GPU per tensor-parallel rank"
+        expected = inference.engine_gpus or None
+        assert _gpus(group) == (expected, expected), "vllm: one GPU per tensor-parallel rank"
         assert _gpus(groups["trainer"]) == (topology.trainer.gpus or None,) * 2
     if topology.reference.placement == "dedicated":
         assert _gpus(groups["reference"]) == (topology.reference.gpus,) * 2
@@ -415,6 +421,32 @@ INVALID_TOPOLOGIES = [
         id="dedicated-reference-schema",
     ),
     pytest.param(
+        {"inference": {"backend": "transformers", "gpus_per_engine": 2}},
+        r"/topology/inference/gpus_per_engine.*one of 0, 1",
+        id="transformers-gpus-schema",
+    ),
+    pytest.param(
+        {"trainer": {"gpus": 0, "strategy": "ddp"}},
+        r"(?s)/topology/trainer.*anyOf.*/topology/trainer/gpus.*minimum.*missing property 'ranks'",
+        id="ddp-needs-2-ranks-schema",
+    ),
+    pytest.param(
+        {"trainer": {"gpus": 0, "ranks": 2, "strategy": "single"}},
+        r"/topology/trainer/ranks.*one of 1",
+        id="single-is-one-rank-schema",
+    ),
+    pytest.param(
+        {"trainer": {"gpus": 2, "ranks": 4, "strategy": "fsdp"}},
+        r"topology\.trainer\.ranks: each rank of a GPU trainer drives one GPU; must equal "
+        r"topology\.trainer\.gpus \(2\) or be left out \(got 4\)",
+        id="one-rank-per-gpu-fail-guard",
+    ),
+    pytest.param(
+        {"trainer": {"ranks": 2, "strategy": "ddp"}},  # gpus stays at the chart's 1
+        r"topology\.trainer\.ranks: .* set topology\.trainer\.gpus to 0 for CPU ranks",
+        id="cpu-ranks-need-gpus-0-fail-guard",
+    ),
+    pytest.param(
         {"inference": {"engine": 2}},
         r"additional properties 'engine' not allowed",
         id="unknown-key-schema",
@@ -449,6 +481,19 @@ def test_fail_guard_mirrors_every_topology_rule(chart_without_schema, topology, 
     field = message.split(":", 1)[0].replace("\\", "")
     with pytest.raises(helm.HelmRenderError, match=re.escape(f"topology.{field}:")):
         render(chart_without_schema, {"topology": topology})
+
+
+def test_cpu_ddp_example_runs_two_cpu_ranks_in_one_trainer_pod(chart, rendered):
+    topology = merged_values(chart, VALUE_SETS["cpu-ddp"]).topology
+    assert topology.total_gpus == 0
+    assert (topology.trainer.strategy, topology.trainer.world_size) == ("ddp", 2)
+    assert topology.inference.backend == "transformers" and topology.env_workers.count == 2
+    groups = worker_groups(rendered("cpu-ddp"))
+    trainer = groups["trainer"]
+    assert trainer["replicas"] == 1
+    limits = trainer["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["cpu"] == "2000m" and "nvidia.com/gpu" not in limits
+    assert all(_gpus(group) == (None, None) for group in groups.values())
 
 
 def test_mlflow_uses_existing_secrets_or_an_external_server(chart, rendered):
@@ -531,6 +576,9 @@ def test_notes_explain_access_and_how_to_run(chart):
     assert params["kubernetes"]["shared_claim"] == "llmrl-shared"
     assert params["kubernetes"]["service_account"] == "llmrl"
     assert params["mlflow_tracking_uri"] == "http://llmrl-mlflow.llmrl.svc:5000"
+    assert "trainer 1 rank(s) on 1 GPU(s) (single)" in notes
+    cpu_ddp = render(chart, copy.deepcopy(VALUE_SETS["cpu-ddp"]))["llmrl/templates/NOTES.txt"]
+    assert "trainer 2 rank(s) on 0 GPU(s) (ddp)" in cpu_ddp
     with_server = render(chart, copy.deepcopy(VALUE_SETS["everything-on"]))
     assert (
         "port-forward svc/llmrl-prefect-server 4200:4200"

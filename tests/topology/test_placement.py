@@ -43,6 +43,36 @@ def test_vllm_engines_get_one_gpu_bundle_per_tensor_parallel_rank():
     assert "env_workers" not in [r.role for r in roles]
 
 
+def test_the_trainer_gets_one_bundle_per_rank():
+    gpu = Topology.model_validate({"trainer": {"gpus": 4, "strategy": "ddp", "cpus": 8}})
+    groups, roles = plan_groups(gpu)
+    trainer = {r.role: r for r in roles}["trainer"]
+    assert groups[trainer.group].bundles == ({"GPU": 1.0, "CPU": 2.0},) * 4
+    assert trainer.bundle_indices == (0, 1, 2, 3)
+    cpu = Topology.model_validate(
+        {
+            "inference": {"backend": "transformers"},
+            "trainer": {"gpus": 0, "ranks": 3, "strategy": "ddp", "cpus": 2},
+        }
+    )
+    groups, roles = plan_groups(cpu)
+    trainer = {r.role: r for r in roles}["trainer"]
+    # 2 cores / 3 ranks, rounded down to Ray's 1e-4 resolution so the bundles fit the pod.
+    assert groups[trainer.group].bundles == ({"CPU": 0.6666},) * 3
+    assert trainer.bundle_indices == (0, 1, 2) and len(trainer.bundle_indices) == 3
+    assert requested_resources(groups).get("GPU", 0) == 0
+
+
+def test_a_transformers_engine_on_one_gpu_gets_a_gpu_bundle():
+    topology = Topology.model_validate(
+        {"inference": {"backend": "transformers", "gpus_per_engine": 1, "cpus_per_engine": 2}}
+    )
+    groups, _ = plan_groups(topology)
+    assert groups[0].label == "inference[0]"
+    assert groups[0].bundles == ({"GPU": 1.0, "CPU": 2.0},)
+    assert requested_resources(groups)["GPU"] == topology.total_gpus == 2
+
+
 def test_colocated_engines_share_the_trainer_group():
     topology = Topology.model_validate(
         {

@@ -44,9 +44,10 @@ INVALID = [
         id="transformers-needs-tp1",
     ),
     pytest.param(
-        {"inference": {"backend": "transformers", "gpus_per_engine": 1}},
-        r"inference\.gpus_per_engine: the transformers backend runs on CPU; must be 0 \(got 1\)",
-        id="transformers-has-no-gpus",
+        {"inference": {"backend": "transformers", "gpus_per_engine": 2}},
+        r"inference\.gpus_per_engine: the transformers backend runs each engine on CPU or one "
+        r"GPU; must be 0 or 1 \(got 2\)",
+        id="transformers-at-most-1-gpu",
     ),
     pytest.param(
         {"inference": {"backend": "vllm", "tensor_parallel_size": 2, "gpus_per_engine": 1}},
@@ -59,14 +60,32 @@ INVALID = [
         id="single-at-most-1-gpu",
     ),
     pytest.param(
+        {"trainer": {"strategy": "single", "gpus": 0, "ranks": 2}},
+        r"trainer\.ranks: strategy 'single' trains in one process; must be 1 or left out "
+        r"\(got 2\); use strategy 'ddp' or 'fsdp'",
+        id="single-is-one-rank",
+    ),
+    pytest.param(
         {"trainer": {"strategy": "fsdp", "gpus": 1}},
-        r"trainer\.gpus: strategy 'fsdp' .* needs at least 2 \(got 1\)",
-        id="fsdp-needs-2-gpus",
+        r"trainer\.gpus: strategy 'fsdp' .* needs at least 2 \(the trainer's world size is 1\); "
+        r"set trainer\.gpus >= 2 .*, or trainer\.gpus 0 and trainer\.ranks >= 2 to train on CPU",
+        id="fsdp-needs-2-ranks",
     ),
     pytest.param(
         {"trainer": {"strategy": "ddp", "gpus": 0}},
-        r"trainer\.gpus: strategy 'ddp' .* needs at least 2 \(got 0\)",
-        id="ddp-needs-2-gpus",
+        r"trainer\.gpus: strategy 'ddp' .* needs at least 2 \(the trainer's world size is 1\)",
+        id="ddp-needs-2-ranks",
+    ),
+    pytest.param(
+        {"trainer": {"strategy": "ddp", "gpus": 0, "ranks": 1}},
+        r"trainer\.ranks: strategy 'ddp' .* needs at least 2 \(the trainer's world size is 1\)",
+        id="ddp-needs-2-cpu-ranks",
+    ),
+    pytest.param(
+        {"trainer": {"strategy": "fsdp", "gpus": 2, "ranks": 4}},
+        r"trainer\.ranks: each rank of a GPU trainer drives one GPU; must equal trainer\.gpus "
+        r"\(2\) or be left out \(got 4\); set trainer\.gpus to 0 for CPU ranks",
+        id="one-rank-per-gpu",
     ),
     pytest.param(
         {"reference": {"placement": "dedicated"}},
@@ -144,13 +163,31 @@ def test_gpus_per_engine_is_derived_from_the_backend():
     assert InferenceSpec(tensor_parallel_size=4).engine_gpus == 4
     assert InferenceSpec(backend="transformers").engine_gpus == 0
     assert InferenceSpec(tensor_parallel_size=2, gpus_per_engine=2).engine_gpus == 2
+    assert InferenceSpec(backend="transformers", gpus_per_engine=1).engine_gpus == 1
     spec = InferenceSpec()
     spec.tensor_parallel_size = 8  # unset gpus_per_engine follows the new size
     assert spec.engine_gpus == 8
 
 
+@pytest.mark.parametrize(
+    ("trainer", "world_size"),
+    [
+        ({}, 1),  # one GPU, one rank
+        ({"gpus": 0}, 1),
+        ({"gpus": 8, "strategy": "fsdp"}, 8),  # one rank per GPU
+        ({"gpus": 4, "ranks": 4, "strategy": "ddp"}, 4),
+        ({"gpus": 0, "ranks": 2, "strategy": "ddp"}, 2),  # CPU ranks
+        ({"gpus": 0, "ranks": 1}, 1),
+    ],
+)
+def test_trainer_world_size(trainer, world_size):
+    assert Topology.model_validate({"trainer": trainer}).trainer.world_size == world_size
+
+
 def test_valid_combinations():
     Topology.model_validate({"trainer": {"strategy": "ddp", "gpus": 2}})
+    Topology.model_validate({"trainer": {"strategy": "ddp", "gpus": 0, "ranks": 2}})
+    Topology.model_validate({"inference": {"backend": "transformers", "gpus_per_engine": 1}})
     Topology.model_validate({"reference": {"placement": "dedicated", "gpus": 1}})
     Topology.model_validate({"reference": {"placement": "none"}})
     Topology.model_validate({"env_workers": {"count": 0}})
@@ -181,6 +218,7 @@ def test_local_default_fits_a_two_core_machine():
         ("single-node-8gpu.yaml", 8, 80.0, 800.0),  # colocated: the trainer's 8 GPUs
         ("two-node-disaggregated.yaml", 16, 144.0, 1600.0),  # 4 x TP2 + 8 trainer GPUs
         ("cpu-dev.yaml", 0, 3.0, 12.0),
+        ("cpu-ddp.yaml", 0, 4.0, 14.0),  # 2 CPU ranks share the trainer's 2 cores
     ],
 )
 def test_totals_of_the_chart_topologies(example, gpus, cpus, memory_gb):
@@ -245,10 +283,13 @@ def test_load_config_reports_file_and_field(tmp_path):
     "data",
     [
         {"inference": {"backend": "transformers", "tensor_parallel_size": 2}},
-        {"inference": {"backend": "transformers", "gpus_per_engine": 1}},
+        {"inference": {"backend": "transformers", "gpus_per_engine": 2}},
         {"trainer": {"gpus": 2}},
+        {"trainer": {"gpus": 0, "ranks": 2}},
         {"trainer": {"strategy": "fsdp", "gpus": 1}},
         {"trainer": {"strategy": "ddp"}},
+        {"trainer": {"strategy": "ddp", "gpus": 0}},
+        {"trainer": {"strategy": "ddp", "gpus": 0, "ranks": 1}},
         {"reference": {"placement": "dedicated"}},
         {"reference": {"gpus": 1}},
         {"colocated": True, "inference": {"backend": "transformers"}},
@@ -263,7 +304,21 @@ def test_json_schema_rejects_what_the_model_rejects(data):
 
 
 @pytest.mark.parametrize(
-    "example", [None, "single-node-8gpu.yaml", "two-node-disaggregated.yaml", "cpu-dev.yaml"]
+    "data",
+    [
+        {"trainer": {"strategy": "ddp", "gpus": 0, "ranks": 2}},
+        {"trainer": {"strategy": "fsdp", "gpus": 8}},
+        {"trainer": {"strategy": "single", "gpus": 1, "ranks": 1}},
+        {"inference": {"backend": "transformers", "gpus_per_engine": 1}},
+    ],
+)
+def test_json_schema_accepts_what_the_model_accepts(data):
+    Topology.model_validate(data)
+    jsonschema.validate(data, Topology.model_json_schema())
+
+
+@pytest.mark.parametrize(
+    "example", [None, *sorted(path.name for path in (CHART / "examples").glob("*.yaml"))]
 )
 def test_json_schema_accepts_the_chart_topologies(example):
     data = chart_topology(example)

@@ -135,6 +135,18 @@ seccompProfile:
 {{- end }}
 {{- end }}
 
+{{/* Trainer processes (torch.distributed ranks): ranks, else gpus, else 1 (TrainerSpec.world_size). */}}
+{{- define "llmrl.trainerWorldSize" -}}
+{{- $trainer := .Values.topology.trainer }}
+{{- if not (kindIs "invalid" $trainer.ranks) }}
+{{- int $trainer.ranks }}
+{{- else if gt (int $trainer.gpus) 0 }}
+{{- int $trainer.gpus }}
+{{- else }}
+{{- 1 }}
+{{- end }}
+{{- end }}
+
 {{/*
 The topology's cross-field rules (llmrl.topology.Topology), so a topology that the schema
 cannot judge (or one installed with --skip-schema-validation) fails with the same messages.
@@ -147,20 +159,28 @@ cannot judge (or one installed with --skip-schema-validation) fails with the sam
 {{- $gpus := int (include "llmrl.engineGpus" .) }}
 {{- if eq $inf.backend "transformers" }}
 {{- if ne $tp 1 }}
-{{- fail (printf "topology.inference.tensor_parallel_size: the transformers backend runs each engine as one CPU process and cannot shard it; must be 1 (got %d)" $tp) }}
+{{- fail (printf "topology.inference.tensor_parallel_size: the transformers backend runs each engine as one process and cannot shard it; must be 1 (got %d)" $tp) }}
 {{- end }}
-{{- if ne $gpus 0 }}
-{{- fail (printf "topology.inference.gpus_per_engine: the transformers backend runs on CPU; must be 0 (got %d)" $gpus) }}
+{{- if gt $gpus 1 }}
+{{- fail (printf "topology.inference.gpus_per_engine: the transformers backend runs each engine on CPU or one GPU; must be 0 or 1 (got %d); use backend 'vllm' to shard an engine over several GPUs" $gpus) }}
 {{- end }}
 {{- else if ne $gpus $tp }}
 {{- fail (printf "topology.inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; must equal topology.inference.tensor_parallel_size (%d), got %d" $tp $gpus) }}
 {{- end }}
 {{- $trainerGpus := int $t.trainer.gpus }}
+{{- $ranksSet := not (kindIs "invalid" $t.trainer.ranks) }}
+{{- $worldSize := int (include "llmrl.trainerWorldSize" .) }}
+{{- if and (gt $trainerGpus 0) $ranksSet (ne $worldSize $trainerGpus) }}
+{{- fail (printf "topology.trainer.ranks: each rank of a GPU trainer drives one GPU; must equal topology.trainer.gpus (%d) or be left out (got %d); set topology.trainer.gpus to 0 for CPU ranks" $trainerGpus $worldSize) }}
+{{- end }}
 {{- if and (eq $t.trainer.strategy "single") (gt $trainerGpus 1) }}
 {{- fail (printf "topology.trainer.gpus: strategy 'single' trains in one process on at most 1 GPU (got %d); use strategy 'ddp' or 'fsdp' for more" $trainerGpus) }}
 {{- end }}
-{{- if and (has $t.trainer.strategy (list "ddp" "fsdp")) (lt $trainerGpus 2) }}
-{{- fail (printf "topology.trainer.gpus: strategy '%s' spreads training over several GPUs and needs at least 2 (got %d)" $t.trainer.strategy $trainerGpus) }}
+{{- if and (eq $t.trainer.strategy "single") (gt $worldSize 1) }}
+{{- fail (printf "topology.trainer.ranks: strategy 'single' trains in one process; must be 1 or left out (got %d); use strategy 'ddp' or 'fsdp' for several ranks" $worldSize) }}
+{{- end }}
+{{- if and (has $t.trainer.strategy (list "ddp" "fsdp")) (lt $worldSize 2) }}
+{{- fail (printf "topology.%s: strategy '%s' spreads training over several ranks and needs at least 2 (the trainer's world size is %d); set topology.trainer.gpus >= 2 (one rank per GPU), or topology.trainer.gpus 0 and topology.trainer.ranks >= 2 to train on CPU, or use strategy 'single'" (ternary "trainer.ranks" "trainer.gpus" $ranksSet) $t.trainer.strategy $worldSize) }}
 {{- end }}
 {{- $refGpus := int $t.reference.gpus }}
 {{- if and (eq $t.reference.placement "dedicated") (lt $refGpus 1) }}

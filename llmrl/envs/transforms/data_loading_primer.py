@@ -38,6 +38,8 @@ class DataLoadingPrimer(EnvTransform):
         shuffle: bool = True,
         seed: int = 0,
         epochs: int | None = None,
+        group_id_start: int = 0,
+        group_id_step: int = 1,
     ) -> None:
         if batch_size < 1 or repeats < 1:
             raise ValueError(f"batch_size and repeats must be >= 1, got {batch_size}, {repeats}")
@@ -52,7 +54,9 @@ class DataLoadingPrimer(EnvTransform):
         self.epoch = 0
         self._order: list[int] = self._epoch_order()
         self._position = 0
-        self._next_group = 0
+        self._next_group = 0  # groups drawn so far
+        # group k is `group_id_start + k * group_id_step`: workers i of n use (i, n), no clashes
+        self.group_id_start, self.group_id_step = group_id_start, group_id_step
 
     def _epoch_order(self) -> list[int]:
         order = list(range(len(self.rows)))
@@ -73,7 +77,8 @@ class DataLoadingPrimer(EnvTransform):
                 self._order, self._position = self._epoch_order(), 0
             picked.append(self.rows[self._order[self._position]])
             self._position += 1
-        groups = torch.arange(self._next_group, self._next_group + len(picked))
+        drawn = torch.arange(self._next_group, self._next_group + len(picked))
+        groups = self.group_id_start + drawn * self.group_id_step
         self._next_group += len(picked)
         repeated = [row for row in picked for _ in range(self.repeats)]
         return TensorDict(

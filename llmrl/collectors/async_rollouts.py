@@ -1,0 +1,127 @@
+"""`AsyncRollouts`: collect the next batches in a background thread while the trainer learns,
+never more than ``max_staleness`` policy versions ahead.
+
+Batch ``k`` (1-based, counted from when iteration starts) is the one the trainer takes at its
+``k``-th step, when its weights are at version ``start + k - 1``. The collector thread starts
+batch ``k`` only once the engines hold version ``start + k - 1 - max_staleness`` or newer, so
+every sample of it is at most ``max_staleness`` versions behind the weights that train on it:
+the bound holds by construction, nothing is dropped. ``max_staleness: 0`` is on-policy (the
+thread waits for every update); ``1`` overlaps one batch of sampling with each training step.
+
+Weights are pushed between two batches, never in the middle of one (a lock guards both), so a
+batch is drawn with one version, which every row records in ``policy_version``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from tensordict import TensorDictBase
+
+logger = logging.getLogger(__name__)
+
+_DONE = object()
+
+
+class AsyncRollouts:
+    """Background collection over ``collector`` (see the module docstring).
+
+    Args:
+        collector: any collector (its ``update_policy_weights_`` pushes the weights).
+        max_staleness: how many versions a sample may lag behind the trainer's weights.
+
+    Example:
+        >>> rollouts = AsyncRollouts(collector, max_staleness=1)
+        >>> for batch in rollouts:
+        ...     train_on(batch)
+        ...     rollouts.update_policy_weights_()
+        >>> rollouts.shutdown()
+    """
+
+    def __init__(self, collector: Any, max_staleness: int = 1) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.collector = collector
+        self.max_staleness = max_staleness
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()  # one of: collecting a batch, pushing weights
+        self._versions = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_version = 0
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engines hold."""
+        return self.collector.policy_version
+
+    def _may_start(self, batch: int) -> bool:
+        needed = self._start_version + batch - 1 - self.max_staleness
+        return self._stop.is_set() or self.collector.policy_version >= needed
+
+    def _run(self) -> None:
+        batches = iter(self.collector)
+        number = 0
+        while not self._stop.is_set():
+            number += 1
+            with self._versions:
+                self._versions.wait_for(lambda n=number: self._may_start(n))
+            if self._stop.is_set():
+                break
+            try:
+                with self._lock:
+                    batch = next(batches)
+            except StopIteration:
+                break
+            except BaseException as error:  # handed to the trainer, which re-raises it
+                self._queue.put(error)
+                return
+            self._queue.put(batch)
+        self._queue.put(_DONE)
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        if self._thread is None:
+            self._start_version = self.collector.policy_version
+            self._thread = threading.Thread(target=self._run, name="llmrl-rollouts", daemon=True)
+            self._thread.start()
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def update_policy_weights_(self, weights: Any = None) -> Any:
+        """Push weights through the collector (between batches) and let the thread go on."""
+        with self._lock:
+            stats = self.collector.update_policy_weights_(weights)
+        with self._versions:
+            self._versions.notify_all()
+        return stats
+
+    def metrics(self) -> dict[str, float]:
+        """The collector's counters as tracker metrics (``collector/<name>``)."""
+        return self.collector.metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The collector's state, read between batches (never while one is being collected)."""
+        with self._lock:
+            return self.collector.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the collector's state (before iteration starts)."""
+        with self._lock:
+            self.collector.load_state_dict(state)
+
+    def shutdown(self) -> None:
+        """Stop the background thread (a batch being collected is finished first)."""
+        self._stop.set()
+        with self._versions:
+            self._versions.notify_all()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,316 @@
+"""`GRPORuntime`: the GRPO stage's roles placed on Ray, and one step across them.
+
+Built from a :class:`~llmrl.config.grpo.GRPOConfig` and its :class:`~llmrl.topology.Topology`:
+
+- **placement**: :func:`~llmrl.topology.place_on_ray` reserves every role's bundles;
+- **inference engines** (:mod:`llmrl.runtime.engines`) behind
+  :class:`~llmrl.collectors.InferenceActor` fronts that batch the env workers' requests;
+- **env workers**: a :class:`~llmrl.collectors.RayLLMCollector` whose workers each run a
+  :class:`~llmrl.envs.task_env.TaskEnv` over their shard of the prompts (rewards there);
+  dead engines and workers are rebuilt mid-step;
+- **trainer ranks**: a :class:`~llmrl.runtime.trainer_group.TrainerGroup` (DDP / FSDP2);
+- **reference**: in each rank, or a dedicated actor scoring in the driver;
+- **rollouts** (:class:`~llmrl.collectors.AsyncRollouts`): sampling runs in a background
+  thread, at most ``max_staleness`` versions ahead (0 in ``sync`` mode).
+
+One :meth:`GRPORuntime.step`::
+
+    batch = next(rollouts)                 # prompts x G responses with rewards and versions
+    batch = advantage(batch)               # group-relative, on the whole batch
+    metrics = trainers.train(batch)        # each rank: its groups, loss, backward, step
+    rollouts.update_policy_weights_()      # rank 0 -> engines; version + 1
+
+The driver (this process) holds no model: weights go from rank 0 to the engines directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tensordict import TensorDictBase
+
+from llmrl.collectors import AsyncRollouts, RayLLMCollector
+from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
+from llmrl.config.loading import ConfigError
+from llmrl.data.prepare import load_prepared
+from llmrl.objectives import MCAdvantage
+from llmrl.runtime.engines import inference_actor_options, start_engines
+from llmrl.runtime.env_workers import TaskEnvFactory
+from llmrl.runtime.trainer_group import TrainerGroup
+from llmrl.runtime.weights import TrainerRanksWeightUpdater
+from llmrl.topology import Topology, place_on_ray
+from llmrl.train.faults import fault_point
+from llmrl.train.stage import prepared_task
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_topology(config: GRPOConfig) -> Topology:
+    """The config's topology, else the one in ``$LLMRL_TOPOLOGY`` (the chart's, mounted in stage
+    pods; a Topology or a Helm values file with a ``topology`` section), else the local
+    default; checked against the config.
+
+    Raises:
+        ConfigError: the topology file is unreadable or cannot run this config.
+    """
+    import os
+
+    topology, source = config.topology, "config"
+    if topology is None and os.environ.get(TOPOLOGY_ENV):
+        path = Path(os.environ[TOPOLOGY_ENV])
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            topology = Topology.model_validate(data.get("topology", data))
+        except (OSError, ValueError) as error:
+            raise ConfigError([f"{TOPOLOGY_ENV}: {path}: {error}"]) from None
+        source = str(path)
+    if topology is None:
+        topology, source = Topology.local_default(), "local default"
+    problems = topology_problems(config, topology)
+    if problems:
+        raise ConfigError([f"topology ({source}): {line}" for line in problems])
+    logger.info("GRPO topology (%s): %s", source, describe(topology))
+    return topology
+
+
+def describe(topology: Topology) -> str:
+    """One line: the roles and their counts."""
+    inference, trainer = topology.inference, topology.trainer
+    return (
+        f"{inference.engines} {inference.backend} engine(s), {topology.env_workers.count} env "
+        f"worker(s), {trainer.world_size} trainer rank(s) ({trainer.strategy}, "
+        f"{trainer.gpus} GPU(s)), reference {topology.reference.placement}, "
+        f"{'colocated' if topology.colocated else 'disaggregated'}"
+    )
+
+
+class GRPORuntime:
+    """Every role of a GRPO run on Ray (see the module docstring); :meth:`shutdown` at the end.
+
+    Args:
+        config: the stage config.
+        topology: where the roles run (:func:`resolve_topology`).
+        resume_from: a checkpoint to continue from (weights, optimizer, collector state).
+        resume_state: that checkpoint's ``extra`` (collector and counters).
+        runtime_env: Ray runtime environment of every actor.
+    """
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        topology: Topology,
+        resume_from: str | None = None,
+        resume_state: dict[str, Any] | None = None,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
+        self.config, self.topology = config, topology
+        self.task, self.manifest = prepared_task(config.data.path)
+        train_rows, _ = load_prepared(config.data.path)
+        self.train_rows = train_rows[: config.data.max_train_rows]
+        if not self.train_rows:
+            raise ConfigError([f"data.path: {config.data.path}: the train split is empty"])
+        self.counters = {"skipped_steps": 0, "dropped_zero_std_groups": 0}
+        self.trained_versions: list[tuple[int, list[int]]] = []
+        """(trainer version, the policy_version of every trained sample) per step."""
+        self._parts: list[Any] = []  # what shutdown() stops, in reverse order
+        try:
+            self._start(resume_from, resume_state or {}, runtime_env)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(
+        self, resume_from: str | None, state: dict[str, Any], runtime_env: dict[str, Any] | None
+    ) -> None:
+        config, topology = self.config, self.topology
+        settings = config.runtime
+        tick = time.perf_counter()
+        self.placement = place_on_ray(topology, timeout_s=settings.placement_timeout_s)
+        self._parts.append(self.placement.remove)
+        rows_per_step = config.prompts_per_step * config.num_samples
+        workers = topology.env_workers.count
+        engines = start_engines(
+            topology,
+            self.placement,
+            config.model.spec,
+            config.model.dtype,
+            config.generation.as_kwargs(),
+            batch_rows=math.ceil(rows_per_step / topology.inference.engines),
+            batching_timeout_s=settings.batching_timeout_s,
+            threads=settings.torch_threads,
+            runtime_env=runtime_env,
+        )
+        self._parts.append(lambda: _kill(engines.vllm_engines))
+        env_factory = TaskEnvFactory(
+            self.task,
+            self.train_rows,
+            workers,
+            config.prompts_per_step // workers,
+            config.num_samples,
+            config.seed,
+        )
+        bundles = self.placement.env_workers
+        self.collector = RayLLMCollector(
+            env_factory,
+            engines.factories,
+            workers,
+            dialog_turns_per_batch=rows_per_step,
+            num_inference_actors=topology.inference.engines,
+            runtime_env=runtime_env,
+            max_actor_restarts=settings.max_actor_restarts,
+            inference_actor_options=inference_actor_options(topology, self.placement),
+            env_worker_options=[
+                {
+                    "num_cpus": topology.env_workers.cpus_each,
+                    "scheduling_strategy": bundles.scheduling_strategy(i),
+                }
+                for i in range(workers)
+            ],
+        )
+        self._parts.append(self.collector.shutdown)
+        self.trainers = TrainerGroup(config, topology, self.placement, resume_from, runtime_env)
+        self._parts.append(self.trainers.shutdown)
+        self.trainers.connect_engines(
+            self.collector.inference_actors,
+            engines.vllm_engines,
+            topology.inference.tensor_parallel_size,
+        )
+        self.collector.weight_updater = TrainerRanksWeightUpdater(self.trainers)
+        self.reference = None
+        if config.reference and topology.reference.placement == "dedicated":
+            from llmrl.runtime.reference import start_reference_actor
+
+            self.reference = start_reference_actor(
+                self.placement, config.model.spec, config.model.dtype, runtime_env
+            )
+            self._parts.append(lambda: _kill([self.reference]))
+        self.advantage = MCAdvantage(
+            config.num_samples,
+            scale=config.advantage.scale,
+            drop_zero_std=config.advantage.drop_zero_std,
+        )
+        staleness = 0 if config.mode == "sync" else config.max_staleness
+        self.rollouts = AsyncRollouts(self.collector, max_staleness=staleness)
+        self._parts.append(self.rollouts.shutdown)
+        if state:
+            self.rollouts.load_state_dict(state["collector"])
+            self.counters.update(state.get("counters", {}))
+            self.advantage.stats["dropped_zero_std_groups"] = self.counters[
+                "dropped_zero_std_groups"
+            ]
+        if resume_from is not None:
+            # the engines start from the model spec; after a resume they need the trained weights
+            self.collector.weight_updater.push(version=self.policy_version)
+        self._iterator = iter(self.rollouts)
+        logger.info("GRPO runtime up in %.1f s: %s", time.perf_counter() - tick, describe(topology))
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engines hold (= optimizer steps taken)."""
+        return self.rollouts.policy_version
+
+    def step(self, number: int) -> tuple[TensorDictBase, dict[str, float]]:
+        """One GRPO iteration (step ``number``, 1-based); the batch and the step's metrics,
+        with ``generation_seconds`` (waiting for the batch), ``training_seconds``,
+        ``weight_sync_seconds`` and the per-phase times of the ranks."""
+        fault_point("generate", number)
+        tick = time.perf_counter()
+        batch = next(self._iterator)
+        timings = {"generation_seconds": time.perf_counter() - tick}
+        metrics = rollout_metrics(batch)
+        trainer_version = self.policy_version
+        versions = [int(v) for v in batch["policy_version"].reshape(-1).tolist()]
+        self.trained_versions.append((trainer_version, versions))
+        tick = time.perf_counter()
+        trained = self.advantage(batch)
+        if trained is not None and trained.batch_size[0] > 0:
+            if self.reference is not None:
+                import ray
+
+                trained = ray.get(self.reference.score.remote(trained))
+            ranks = self.trainers.train(trained, number)
+            self.counters["skipped_steps"] += int(ranks.pop("skipped_updates"))
+            metrics.update(ranks)
+        timings["training_seconds"] = time.perf_counter() - tick
+        tick = time.perf_counter()
+        sync = self.rollouts.update_policy_weights_()
+        timings["weight_sync_seconds"] = time.perf_counter() - tick
+        self.counters["dropped_zero_std_groups"] = self.advantage.stats.get(
+            "dropped_zero_std_groups", 0
+        )
+        metrics.update(
+            timings,
+            **self.counters,
+            policy_version=self.policy_version,
+            staleness=trainer_version - min(versions),
+            weight_sync_bytes=float(sync.bytes) if sync is not None else 0.0,
+        )
+        metrics.update(self.rollouts.metrics())  # collector/*: turns, batches, actor restarts
+        metrics["tokens_per_second"] = metrics["response_tokens"] / max(
+            timings["generation_seconds"], 1e-9
+        )
+        return batch, metrics
+
+    def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
+        """Checkpoint ``step`` (rank 0 writes weights and optimizer; ``extra`` gains the
+        collector's state and the counters); its path."""
+        state = {
+            **extra,
+            "collector": self.rollouts.state_dict(),
+            "counters": dict(self.counters),
+        }
+        return self.trainers.save(step, state, metrics)
+
+    def runtime_params(self) -> dict[str, Any]:
+        """The resolved runtime, as MLflow params (``runtime.*``)."""
+        topology = self.topology
+        return {
+            "runtime.trainer_world_size": topology.trainer.world_size,
+            "runtime.inference_engines": topology.inference.engines,
+            "runtime.inference_backend": topology.inference.backend,
+            "runtime.env_workers": topology.env_workers.count,
+            "runtime.strategy": topology.trainer.strategy,
+            "runtime.colocated": topology.colocated,
+            "runtime.reference": topology.reference.placement if self.config.reference else "off",
+            "runtime.max_staleness": self.rollouts.max_staleness,
+        }
+
+    def shutdown(self) -> None:
+        """Stop every role and release the placement (idempotent; errors are logged)."""
+        while self._parts:
+            stop = self._parts.pop()
+            try:
+                stop()
+            except Exception as error:  # keep stopping the rest
+                logger.warning("while shutting the GRPO runtime down: %s", error)
+
+
+def rollout_metrics(batch: TensorDictBase) -> dict[str, float]:
+    """Reward, accuracy and length statistics of a collected batch."""
+    reward = batch["reward"].float()
+    lengths = torch.tensor([len(r) for r in batch["tokens"].as_list("response")], dtype=torch.float)
+    return {
+        "reward_mean": float(reward.mean()),
+        "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
+        "response_length_mean": float(lengths.mean()),
+        "response_tokens": float(lengths.sum()),
+        "accuracy": _mean_or_nan(batch.get("correct", None)),
+        "format_rate": _mean_or_nan(batch.get("formatted", None)),
+    }
+
+
+def _mean_or_nan(values: torch.Tensor | None) -> float:
+    return float(values.float().mean()) if values is not None else math.nan
+
+
+def _kill(actors: list[Any]) -> None:
+    import ray
+
+    for actor in actors:
+        ray.kill(actor)

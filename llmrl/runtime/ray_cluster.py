@@ -1,0 +1,56 @@
+"""Join the Ray cluster the stage runs in, or start a local one for it.
+
+Inside a KubeRay RayJob, ``RAY_ADDRESS`` points at the job's cluster and the stage joins it;
+on a laptop (``make run``) a local Ray is started for the stage and shut down after it. Actors
+get the driver's ``LLMRL_*``, Hugging Face and tokenizer environment variables (model cache,
+offline mode, fault injection), so they load what the driver would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+FORWARDED_PREFIXES: tuple[str, ...] = ("LLMRL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+"""Environment variables the driver hands to every actor."""
+
+
+@contextmanager
+def ray_session(address: str | None = None) -> Iterator[Any]:
+    """``ray`` connected to ``address`` (or ``$RAY_ADDRESS``), or to a local Ray started here
+    (and shut down on exit). An already connected Ray is used as it is."""
+    from llmrl.collectors.weight_sync import import_ray
+
+    ray = import_ray("The GRPO runtime")
+    if ray.is_initialized():
+        yield ray
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        logger.info("joining the Ray cluster at %s", address)
+        ray.init(address=address, log_to_driver=True)
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token for a private local Ray
+        os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="llmrl-ray-"))
+        logger.info("starting a local Ray for the stage")
+        ray.init(include_dashboard=False, log_to_driver=True)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def actor_runtime_env() -> dict[str, Any]:
+    """The runtime environment of every actor: the forwarded environment variables."""
+    env_vars = {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith(FORWARDED_PREFIXES)
+    }
+    return {"env_vars": env_vars}

@@ -1,0 +1,185 @@
+"""`TrainerGroup`: the driver's handle on the trainer ranks (Ray actors).
+
+It starts one :class:`~llmrl.runtime.trainer_rank.TrainerRank` per rank on the trainer's
+placement bundles, has them meet (rank 0 publishes an address and port, every rank joins the
+process group), and then calls each method on every rank at once: :meth:`train` (each rank gets
+whole groups of the batch), :meth:`push_weights`, :meth:`save`.
+
+**A dead rank ends the stage.** The other ranks would wait in a collective until its timeout,
+so every call waits on all ranks together; the first rank whose process died (killed, out of
+memory) makes the group kill the others and raise :class:`TrainerRankDied` naming it. The
+stage exits non-zero and a re-run resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from llmrl.collectors.actor_faults import first_line, is_actor_death
+from llmrl.config.grpo import GRPOConfig
+from llmrl.runtime.trainer_rank import TrainerRank
+from llmrl.topology import Placement, Topology
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerRankDied(RuntimeError):
+    """A trainer rank's process died; the message names the rank and the call."""
+
+
+class TrainerGroup:
+    """The trainer ranks of ``topology`` on ``placement`` (see the module docstring).
+
+    Args:
+        config: the stage config.
+        topology: the run's topology (world size, strategy, reference placement).
+        placement: the reserved placement groups.
+        resume_from: a checkpoint directory every rank loads weights and optimizer from.
+        runtime_env: Ray runtime environment of the rank actors.
+    """
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        topology: Topology,
+        placement: Placement,
+        resume_from: str | None = None,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
+        import ray
+
+        trainer = topology.trainer
+        self.world_size = trainer.world_size
+        self.num_samples = config.num_samples
+        rows = config.prompts_per_step * config.num_samples
+        self.minibatches = math.ceil(rows / (config.minibatch_size or rows))
+        total_steps = config.steps * config.updates_per_step * self.minibatches
+        with_reference = config.reference and topology.reference.placement == "with_trainer"
+        gpus = 1.0 if trainer.gpus else 0.0
+        if topology.colocated:
+            gpus = 0.5  # the colocated engine on the same bundle holds the other half
+        cpus = trainer.cpus / self.world_size / (2 if topology.colocated else 1)
+        actor = ray.remote(TrainerRank)
+        self.ranks = []
+        for rank in range(self.world_size):
+            options: dict[str, Any] = {
+                "num_cpus": int(cpus * 10_000) / 10_000,
+                "num_gpus": gpus,
+                "scheduling_strategy": placement.trainer.scheduling_strategy(rank),
+                "max_concurrency": 1,
+            }
+            if runtime_env:
+                options["runtime_env"] = runtime_env
+            self.ranks.append(
+                actor.options(**options).remote(
+                    config,
+                    rank,
+                    self.world_size,
+                    trainer.strategy,
+                    total_steps,
+                    with_reference,
+                    config.runtime.torch_threads,
+                )
+            )
+        address, port = self._all("rendezvous", ranks=[0])[0]
+        self._all("setup", address, port, resume_from)
+        logger.info(
+            "%d trainer rank(s) ready (%s, %s)",
+            self.world_size,
+            trainer.strategy,
+            "resumed from " + resume_from if resume_from else "fresh",
+        )
+
+    def connect_engines(
+        self, inference_actors: list[Any], vllm_engines: list[Any], ranks_per_engine: int
+    ) -> None:
+        """Give rank 0 the engines it pushes weights to."""
+        self._all("connect_engines", inference_actors, vllm_engines, ranks_per_engine, ranks=[0])
+
+    def train(self, batch: TensorDictBase, step: int) -> dict[str, float]:
+        """Train every rank on its groups of ``batch`` (advantages set); rank 0's metrics,
+        which are global (see :mod:`llmrl.train.grpo_trainer`)."""
+        shards = split_groups(batch, self.num_samples, self.world_size)
+        calls = [
+            ("train", (shard, self.minibatches, step, stand_in), rank)
+            for rank, (shard, stand_in) in enumerate(shards)
+        ]
+        return self._wait([getattr(self.ranks[r], m).remote(*a) for m, a, r in calls], "train")[0]
+
+    def push_weights(self, version: int) -> int:
+        """Every rank sends its part of the weights; bytes that reached the engines."""
+        return int(sum(self._all("push_weights", version)))
+
+    def restore_engine(self, old: Any, new: Any) -> None:
+        """Load the last pushed weights into a rebuilt inference actor."""
+        self._all("restore_engine", old, new, ranks=[0])
+
+    def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
+        """Write the checkpoint of ``step``; its path."""
+        return self._all("save", step, extra, metrics)[0]
+
+    def shutdown(self) -> None:
+        """Stop every rank (leaving the process group when they still can)."""
+        import ray
+
+        try:
+            ray.get([rank.shutdown.remote() for rank in self.ranks], timeout=30)
+        except Exception as error:  # a dead or hung rank: it is killed below
+            logger.debug("trainer ranks did not leave their group cleanly: %s", error)
+        for rank in self.ranks:
+            ray.kill(rank)
+        self.ranks = []
+
+    def _all(self, method: str, *args: Any, ranks: list[int] | None = None) -> list[Any]:
+        chosen = range(self.world_size) if ranks is None else ranks
+        refs = [getattr(self.ranks[r], method).remote(*args) for r in chosen]
+        return self._wait(refs, method, list(chosen))
+
+    def _wait(self, refs: list[Any], what: str, ranks: list[int] | None = None) -> list[Any]:
+        """The results of ``refs`` (one per rank); the first rank that died raises
+        :class:`TrainerRankDied` after every rank was killed."""
+        import ray
+
+        ranks = list(range(len(refs))) if ranks is None else ranks
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as error:
+                rank = ranks[refs.index(done[0])]
+                for actor in self.ranks:
+                    ray.kill(actor)
+                if is_actor_death(error):
+                    raise TrainerRankDied(
+                        f"trainer rank {rank} died during {what}: {first_line(error)}; the "
+                        "other ranks were stopped. Re-run the stage to resume from the last "
+                        "checkpoint."
+                    ) from error
+                raise
+        return ray.get(refs)
+
+
+def split_groups(
+    batch: TensorDictBase, group_size: int, parts: int
+) -> list[tuple[TensorDictBase, bool]]:
+    """``batch`` (whole groups of ``group_size`` consecutive rows) cut into ``parts`` shards of
+    whole groups, as even as possible; ``(shard, stand_in_only)``. With fewer groups than
+    parts, the extra shards repeat the first group, flagged to be trained on with weight 0."""
+    rows = batch.batch_size[0]
+    if rows % group_size:
+        raise ValueError(f"a batch of {rows} rows is not made of whole groups of {group_size}")
+    groups = rows // group_size
+    bounds = [round(groups * i / parts) * group_size for i in range(parts + 1)]
+    shards = []
+    for first, last in itertools.pairwise(bounds):
+        if last > first:
+            shards.append((batch[first:last], False))
+        else:
+            shards.append((batch[:group_size], True))
+    return shards

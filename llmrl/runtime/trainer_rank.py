@@ -1,0 +1,197 @@
+"""`TrainerRank`: one torch.distributed rank of the GRPO trainer, run as a Ray actor.
+
+The driver (:class:`~llmrl.runtime.trainer_group.TrainerGroup`) starts one per
+``topology.trainer.world_size`` and calls the same method on every rank at once; the ranks
+meet in collectives (gradient averaging, FSDP gathers, the loss normalizer). Rank 0 also:
+
+- pushes the full weights to the inference engines after each optimizer step through its
+  :class:`~llmrl.collectors.WeightUpdater` (Ray object store to transformers engines, NCCL into
+  vLLM workers), so weights never pass through the driver;
+- writes checkpoints (Hugging Face weights, the whole optimizer state keyed by parameter name,
+  so any world size and strategy resumes from them).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from llmrl.config.grpo import GRPOConfig
+from llmrl.train import distributed
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerRank:
+    """Rank ``rank`` of ``world_size`` (see the module docstring).
+
+    Args:
+        config: the stage config.
+        rank, world_size: this rank and the number of ranks.
+        strategy: ``single``, ``ddp`` or ``fsdp``.
+        total_optimizer_steps: optimizer steps of the whole run (the schedule's length).
+        reference_with_trainer: hold a frozen reference and score each shard with it.
+        threads: torch CPU threads (None: torch's default).
+    """
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        rank: int,
+        world_size: int,
+        strategy: str,
+        total_optimizer_steps: int,
+        reference_with_trainer: bool,
+        threads: int | None = None,
+    ) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        if threads:
+            torch.set_num_threads(threads)
+        self.config = config
+        self.rank, self.world_size, self.strategy = rank, world_size, strategy
+        self.total_optimizer_steps = total_optimizer_steps
+        self.reference_with_trainer = reference_with_trainer
+        self.trainer: Any = None
+        self.reference: Any = None
+        self.weight_updater: Any = None
+        self.checkpoints: Any = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port on it (asked of rank 0 for the group)."""
+        from llmrl.collectors.weight_sync import free_port
+
+        return _node_address(), free_port()
+
+    def setup(self, address: str, port: int, resume_from: str | None) -> int:
+        """Join the group, build the model (from ``resume_from``'s weights when given), wrap it
+        for the strategy and build the optimizer; returns the rank's parameter count."""
+        from llmrl.models import load_model, load_tokenizer
+        from llmrl.train.grpo_trainer import GRPOTrainer
+        from llmrl.train.lora import apply_lora
+
+        config = self.config
+        distributed.init_group(
+            self.rank, self.world_size, address, port, config.runtime.collective_timeout_s
+        )
+        self.tokenizer = load_tokenizer(config.model.spec)
+        model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
+        model = apply_lora(model, config.lora)
+        model.eval()  # no dropout: sampling and training log-probs see the same network
+        if resume_from is not None:
+            from llmrl.train.checkpoint import CheckpointManager
+
+            CheckpointManager(self.config.checkpoint.dir).load(resume_from, model=model)
+        wrapped = distributed.wrap_model(model, self.strategy)
+        self.trainer = GRPOTrainer(config, wrapped, self.tokenizer, self.total_optimizer_steps)
+        if resume_from is not None:
+            self._load_training_state(resume_from)
+        if self.reference_with_trainer:
+            from llmrl.runtime.reference import ReferenceScorer
+
+            self.reference = ReferenceScorer(
+                config.model.spec, config.model.dtype, config.model.device
+            )
+        logger.info(
+            "trainer rank %d/%d ready (%s%s)",
+            self.rank,
+            self.world_size,
+            self.strategy,
+            f", resumed from {resume_from}" if resume_from else "",
+        )
+        return sum(p.numel() for p in wrapped.parameters())
+
+    def connect_engines(
+        self, inference_actors: list[Any], vllm_engines: list[Any], ranks_per_engine: int
+    ) -> None:
+        """Rank 0: the weight updater towards the engines (NCCL into vLLM engines on GPUs, the
+        Ray object store otherwise)."""
+        if self.rank != 0:
+            return
+        from llmrl.collectors.weight_sync import (
+            RayObjectStoreWeightUpdater,
+            VLLMNCCLWeightUpdater,
+        )
+
+        if vllm_engines and torch.cuda.is_available():
+            self.weight_updater = VLLMNCCLWeightUpdater(
+                vllm_engines, master_address=_node_address(), ranks_per_engine=ranks_per_engine
+            )
+        else:
+            self.weight_updater = RayObjectStoreWeightUpdater(inference_actors)
+
+    def train(
+        self, shard: TensorDictBase, minibatches: int, step: int, stand_in_only: bool
+    ) -> dict[str, float]:
+        """Score ``shard`` with the reference (when held here), then train on it."""
+        if self.reference is not None:
+            shard = self.reference(shard)
+        return self.trainer.train(shard, minibatches, step=step, stand_in_only=stand_in_only)
+
+    def push_weights(self, version: int) -> int:
+        """Send the current weights to the engines as ``version``; bytes sent (rank 0)."""
+        weights = distributed.full_state_dict(self.trainer.model)  # collective under FSDP
+        if self.rank != 0:
+            return 0
+        return self.weight_updater.push(weights, version=version).bytes
+
+    def restore_engine(self, old: Any, new: Any) -> None:
+        """Rank 0: load the last pushed weights into a rebuilt inference actor ``new``."""
+        if self.rank == 0:
+            self.weight_updater.restore(old, new)
+
+    def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str | None:
+        """Write the checkpoint of ``step`` (rank 0 writes; every rank gathers); its path."""
+        model = self.trainer.model
+        sharded = distributed.is_fully_sharded(model)
+        model_state = distributed.full_state_dict(model) if sharded else None
+        optimizer_state = distributed.full_optimizer_state(model, self.trainer.optimizer)
+        if self.rank != 0:
+            return None
+        if self.checkpoints is None:
+            from llmrl.train.checkpoint import CheckpointManager
+
+            settings = self.config.checkpoint
+            self.checkpoints = CheckpointManager(
+                settings.dir,
+                keep_last=settings.keep_last,
+                best_metric=settings.best_metric,
+                best_mode=settings.best_mode,
+            )
+        path = self.checkpoints.save(
+            step,
+            distributed.unwrap(model),
+            self.tokenizer,
+            optimizer_state,
+            self.trainer.scheduler,
+            extra=extra,
+            metrics=metrics,
+            model_state=model_state,
+        )
+        return str(path)
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+        distributed.leave_group()
+
+    def _load_training_state(self, path: str) -> None:
+        from llmrl.train.checkpoint import read_training_state
+
+        state = read_training_state(path)
+        distributed.load_optimizer_state(
+            self.trainer.model, self.trainer.optimizer, state["optimizer"]
+        )
+        self.trainer.scheduler.load_state_dict(state["scheduler"])
+
+
+def _node_address() -> str:
+    """This node's IP as other Ray nodes reach it."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray: this machine
+        return socket.gethostbyname(socket.gethostname())

@@ -1,0 +1,156 @@
+"""torch.distributed inside one trainer rank: the process group, model wrapping, full weights.
+
+Every trainer rank (a Ray actor, :mod:`llmrl.runtime.trainer_rank`) calls :func:`init_group`
+first: ``gloo`` on CPU, ``nccl`` on CUDA, rendezvous over TCP at the address rank 0 published.
+A world of one rank is a group too, so checkpoint and weight code has one path.
+
+Strategies (``topology.trainer.strategy``):
+
+- ``single``: one rank, the model as it is.
+- ``ddp``: ``DistributedDataParallel``; every rank holds the whole model, gradients are averaged
+  in backward.
+- ``fsdp``: FSDP2 (``fully_shard``) on every decoder layer, then on the root. Parameters are
+  sharded across ranks and gathered per layer in forward and backward. FSDP2 frees a layer's
+  gathered parameters after its forward, so the model must be called once per backward (the
+  scoring path does; see :func:`llmrl.policies.response_scoring.score_responses`).
+
+Full weights (for engines and checkpoints) come from :func:`full_state_dict`: one collective
+gather under FSDP, the rank's own tensors otherwise; only rank 0 receives them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from llmrl.models.sharding import is_fully_sharded
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp")
+
+
+def init_group(rank: int, world_size: int, address: str, port: int, timeout_s: float) -> str:
+    """Join the trainer ranks' process group; returns the backend (``nccl`` or ``gloo``)."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    logger.info("trainer rank %d/%d joined %s at %s:%d", rank, world_size, backend, address, port)
+    return backend
+
+
+def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
+    """The module the loss calls: DDP around ``model``, or ``model`` itself sharded by FSDP2."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; options: {list(STRATEGIES)}")
+    if strategy == "single":
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = "cuda" if next(model.parameters()).is_cuda else "cpu"
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [model.device.index] if next(model.parameters()).is_cuda else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside a DDP wrapper (an FSDP2 model is its own module)."""
+    return getattr(model, "module", model)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU, with Hugging Face names (LoRA adapters merged), on
+    rank 0 (``{}`` elsewhere). Under FSDP every rank must call it (it gathers the shards);
+    otherwise only rank 0 reads.
+    """
+    if is_fully_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+    if dist.get_rank() != 0:
+        return {}
+    from llmrl.train.lora import inference_state_dict
+
+    return inference_state_dict(unwrap(model))
+
+
+def full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter name, whole (not sharded): what any world size
+    and strategy can load back with :func:`load_optimizer_state`. Every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load :func:`full_optimizer_state` output (every rank passes the whole state)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=options)
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """``values`` summed over the ranks (a copy; unchanged with one rank)."""
+    total = values.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        moved = total.to(device)
+        dist.all_reduce(moved)
+        total = moved.to(values.device)
+    return total
+
+
+def world_size() -> int:
+    """Ranks in the group (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without a group)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def leave_group() -> None:
+    """Destroy the process group (idempotent)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks FSDP shards one by one (``model.model.layers`` for HF decoders)."""
+    base = model
+    if hasattr(base, "get_base_model"):  # peft
+        base = base.get_base_model()
+    inner = getattr(base, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"cannot find the decoder layers of {type(base).__name__} to shard with FSDP "
+            "(expected `model.model.layers`); use strategy 'ddp'"
+        )
+    return list(layers)
