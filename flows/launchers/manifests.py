@@ -217,6 +217,15 @@ def build_job_manifest(
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
+TOPOLOGY_STAGES: tuple[str, ...] = ("grpo",)
+"""Stages that place their roles from a topology: the RayJob hands them its own."""
+
+
+def topology_override(topology: Topology) -> str:
+    """``topology=<json>``: the ``--set`` that gives a stage the RayJob's topology."""
+    return "topology=" + json.dumps(topology.model_dump(mode="json"), separators=(",", ":"))
+
+
 def build_rayjob_manifest(
     stage: str,
     name: str,
@@ -270,6 +279,8 @@ def build_rayjob_manifest(
             **({"securityContext": settings.security_context} if settings.security_context else {}),
         },
     }
+    if stage in TOPOLOGY_STAGES:  # the stage places exactly the roles this cluster provides
+        overrides = [*overrides, topology_override(topology)]
     spec: dict[str, Any] = {
         "entrypoint": shlex.join(stage_command(stage, overrides, config_map)),
         "shutdownAfterJobFinishes": True,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,9 @@ from llmrl.train.faults import fault_point
 from llmrl.train.stage import prepared_task
 
 logger = logging.getLogger(__name__)
+
+VERSION_HISTORY = 1000
+"""Steps whose sample versions :attr:`GRPORuntime.trained_versions` keeps."""
 
 
 def resolve_topology(config: GRPOConfig) -> Topology:
@@ -116,8 +120,8 @@ class GRPORuntime:
         if not self.train_rows:
             raise ConfigError([f"data.path: {config.data.path}: the train split is empty"])
         self.counters = {"skipped_steps": 0, "dropped_zero_std_groups": 0}
-        self.trained_versions: list[tuple[int, list[int]]] = []
-        """(trainer version, the policy_version of every trained sample) per step."""
+        self.trained_versions: deque[tuple[int, list[int]]] = deque(maxlen=VERSION_HISTORY)
+        """(trainer version, the policy_version of every trained sample) of the last steps."""
         self._parts: list[Any] = []  # what shutdown() stops, in reverse order
         try:
             self._start(resume_from, resume_state or {}, runtime_env)

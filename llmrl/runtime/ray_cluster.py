@@ -49,8 +49,6 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
 def actor_runtime_env() -> dict[str, Any]:
     """The runtime environment of every actor: the forwarded environment variables."""
     env_vars = {
-        name: value
-        for name, value in os.environ.items()
-        if name.startswith(FORWARDED_PREFIXES)
+        name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)
     }
     return {"env_vars": env_vars}

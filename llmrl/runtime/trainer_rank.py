@@ -147,7 +147,9 @@ class TrainerRank:
         """Write the checkpoint of ``step`` (rank 0 writes; every rank gathers); its path."""
         model = self.trainer.model
         sharded = distributed.is_fully_sharded(model)
-        model_state = distributed.full_state_dict(model) if sharded else None
+        model_state = None
+        if sharded:  # save_pretrained cannot read a sharded model: give it the gathered weights
+            model_state = _without_tied_copies(model, distributed.full_state_dict(model))
         optimizer_state = distributed.full_optimizer_state(model, self.trainer.optimizer)
         if self.rank != 0:
             return None
@@ -185,6 +187,13 @@ class TrainerRank:
             self.trainer.model, self.trainer.optimizer, state["optimizer"]
         )
         self.trainer.scheduler.load_state_dict(state["scheduler"])
+
+
+def _without_tied_copies(model: torch.nn.Module, state: dict) -> dict:
+    """``state`` without the second name of tied weights (``lm_head.weight`` when it is the
+    embedding), as ``save_pretrained`` writes a plain model."""
+    own = {name for name, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return {name: tensor for name, tensor in state.items() if name in own}
 
 
 def _node_address() -> str:

@@ -68,7 +68,10 @@ def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [model.device.index] if next(model.parameters()).is_cuda else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    # No buffer broadcast at each forward: the model's buffers (rotary tables) are computed,
+    # not trained, and ranks may call forward a different number of times per backward (the
+    # shared-prompt pass), which would misalign that collective.
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tensordict import TensorDictBase
+
 from llmrl.config.grpo import GRPOConfig
 from llmrl.data.non_tensor import as_list
 from llmrl.runtime import GRPORuntime, resolve_topology
@@ -44,6 +46,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     """Run the GRPO stage described by ``config``."""
     started = time.perf_counter()
     seed_everything(config.seed)
+    config = with_absolute_paths(config)  # actors may not share this process's directory
     topology = resolve_topology(config)
     settings = config.checkpoint
     checkpoints = CheckpointManager(
@@ -60,9 +63,9 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     else:
         logger.info("starting from scratch")
     start = state.step if state else 0
-    reward_history = [(int(s), float(r)) for s, r in (state.extra if state else {}).get(
-        "reward_history", []
-    )]
+    reward_history = [
+        (int(s), float(r)) for s, r in (state.extra if state else {}).get("reward_history", [])
+    ]
     last = {"reward_mean": math.nan, "accuracy": math.nan}
     with ray_session(config.runtime.ray_address):
         runtime = GRPORuntime(
@@ -121,6 +124,25 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         accuracy=last["accuracy"],
         skipped_steps=runtime.counters["skipped_steps"],
         seconds=time.perf_counter() - started,
+    )
+
+
+def with_absolute_paths(config: GRPOConfig) -> GRPOConfig:
+    """``config`` with its checkpoint directory and a local model directory made absolute (the
+    data is read here, in the driver)."""
+    model = config.model
+    local = {
+        name: str(Path(value).resolve())
+        for name, value in (("name", model.name), ("checkpoint", model.checkpoint))
+        if value and Path(value).exists()
+    }
+    return config.model_copy(
+        update={
+            "checkpoint": config.checkpoint.model_copy(
+                update={"dir": str(Path(config.checkpoint.dir).resolve())}
+            ),
+            "model": model.model_copy(update=local),
+        }
     )
 
 

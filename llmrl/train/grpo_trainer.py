@@ -109,9 +109,7 @@ class GRPOTrainer:
         sums: dict[str, float] = {}
         seconds = {"loss_forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         stand_in = shard[:1]
-        parts = (
-            [shard[:0]] * minibatches if stand_in_only else split_evenly(shard, minibatches)
-        )
+        parts = [shard[:0]] * minibatches if stand_in_only else split_evenly(shard, minibatches)
         for _ in range(self.config.updates_per_step):
             for part in parts:
                 values = self._update(part, stand_in, seconds, step)
@@ -152,9 +150,7 @@ class GRPOTrainer:
         means = (totals / global_norm).tolist() if global_norm > 0 else [0.0] * len(totals)
         loss = means[1]
         grad_norm = _as_float(
-            torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.config.optimizer.grad_clip
-            )
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optimizer.grad_clip)
         )
         lr = self.scheduler.get_last_lr()[0]  # the rate of this update, before the schedule moves
         finite = math.isfinite(loss) and math.isfinite(grad_norm)  # the same on every rank

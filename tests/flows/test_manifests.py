@@ -25,7 +25,10 @@ from flows.launchers.manifests import (
     build_job_manifest,
     build_rayjob_manifest,
     resource_name,
+    topology_override,
 )
+from llmrl.config import load_config
+from llmrl.config.grpo import GRPOConfig
 from llmrl.topology import (
     EnvWorkerSpec,
     InferenceSpec,
@@ -188,7 +191,8 @@ def test_rayjob_layout_follows_the_topology() -> None:
     assert spec["ttlSecondsAfterFinished"] == SETTINGS.ttl_seconds_after_finished
     assert spec["activeDeadlineSeconds"] == 86400
     assert shlex.split(spec["entrypoint"]) == [
-        "llmrl", "grpo", "--config", "/etc/llmrl/grpo.yaml", "--no-progress"
+        "llmrl", "grpo", "--config", "/etc/llmrl/grpo.yaml", "--no-progress",
+        "--set", topology_override(topology),
     ]  # fmt: skip
     assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"env_vars": {**SETTINGS.env, **ENV}}
     cluster = spec["rayClusterSpec"]
@@ -345,6 +349,11 @@ def test_grpo_rayjob_offers_ray_what_the_placement_reserves(topology_name: str) 
     assert head["CPU"] == spec["entrypointNumCpus"] == DRIVER_CPUS
     assert head[DRIVER_RESOURCE] == 1
     assert all(DRIVER_RESOURCE not in node for node in workers)
+    # ...and the stage is told to place exactly this topology (the last --set wins)
+    command = shlex.split(spec["entrypoint"])
+    assert command[-2] == "--set" and command[-1].startswith("topology=")
+    config = load_config(GRPOConfig, None, [command[-1], "data.path=d", "prompts_per_step=64"])
+    assert config.topology == topology
 
 
 @pytest.mark.parametrize("topology_name", CHART_TOPOLOGIES)

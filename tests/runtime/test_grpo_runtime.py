@@ -1,0 +1,76 @@
+"""The GRPO runtime on a local Ray: the staleness bound of async mode recorded for every
+trained sample, and engines and env workers killed mid-step rebuilt while the step completes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmrl.config.grpo import GRPOConfig
+from llmrl.runtime import GRPORuntime, resolve_topology
+from llmrl.runtime.ray_cluster import actor_runtime_env
+from tests.train.conftest import stage_config
+
+pytestmark = pytest.mark.integration
+
+
+def _config(data: Path, model: Path, *overrides: str, **fields) -> GRPOConfig:
+    return stage_config(
+        GRPOConfig,
+        f"data.path={data}",
+        f"model.name={model}",
+        "generation.max_new_tokens=6",
+        "optimizer.lr=1e-4",
+        "runtime.torch_threads=1",
+        *overrides,
+        **{"prompts_per_step": 2, "num_samples": 2, **fields},
+    )
+
+
+@pytest.mark.parametrize(("mode", "max_staleness"), [("async", 1), ("async", 0), ("sync", 1)])
+def test_no_trained_sample_is_older_than_max_staleness(
+    local_ray, arithmetic_data, tiny_model_dir, mode, max_staleness
+):
+    config = _config(arithmetic_data, tiny_model_dir, mode=mode, max_staleness=max_staleness)
+    bound = max_staleness if mode == "async" else 0
+    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
+    try:
+        steps = [runtime.step(number)[1] for number in range(1, 5)]
+    finally:
+        runtime.shutdown()
+    assert [m["policy_version"] for m in steps] == [1, 2, 3, 4]
+    gaps = [
+        trainer_version - version
+        for trainer_version, versions in runtime.trained_versions
+        for version in versions
+    ]
+    assert len(gaps) == 4 * 4  # every sample of every step, 2 prompts x 2
+    assert [t for t, _ in runtime.trained_versions] == [0, 1, 2, 3]
+    assert min(gaps) == 0 and max(gaps) == bound, gaps
+    assert [m["staleness"] for m in steps][1:] == [bound] * 3  # overlap from the 2nd step on
+
+
+def test_a_killed_engine_and_env_worker_are_rebuilt_and_the_step_completes(
+    local_ray, arithmetic_data, tiny_model_dir
+):
+    import ray
+
+    config = _config(arithmetic_data, tiny_model_dir)
+    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
+    try:
+        runtime.step(1)
+        # sync mode: batch 2 is being collected right after the push of version 1
+        engine, worker = runtime.collector.inference_actors[0], runtime.collector.env_workers[1]
+        ray.kill(engine)
+        ray.kill(worker)
+        _, metrics = runtime.step(2)
+        rebuilt = runtime.collector.inference_actors[0]
+        info = ray.get(rebuilt.info.remote())
+    finally:
+        runtime.shutdown()
+    assert rebuilt is not engine
+    assert metrics["collector/inference_actor_restarts"] == 1
+    assert metrics["collector/env_worker_restarts"] == 1
+    assert metrics["policy_version"] == 2 and info["version"] == 2  # got the pushed weights
+    assert metrics["response_tokens"] > 0
