@@ -5,10 +5,13 @@ cleanup, no ``finally``, no final MLflow status: as if the node died) the ``n``-
 (default 1) it reaches ``phase`` during training step ``step`` (1-based, the step the metrics
 are logged at). The phases:
 
-- ``generate``: the GRPO loop is about to sample the step's rollouts;
+- ``generate``: the GRPO loop (the stage's driver process) is about to sample the step's
+  rollouts;
 - ``backward``: the gradients of a GRPO minibatch are computed, the optimizer has not stepped
-  (``n`` picks the minibatch update within the step);
-- ``checkpoint_write``: :meth:`~llmrl.train.checkpoint.CheckpointManager.save` of that step has
+  (``n`` picks the minibatch update within the step); reached in every trainer rank's actor,
+  which dies (the stage then exits naming the rank);
+- ``checkpoint_write``: :meth:`~llmrl.train.checkpoint.CheckpointManager.save` (in GRPO: by
+  trainer rank 0) of that step has
   written the weights and optimizer state but not the rest (``n=1``), or everything including
   the ``COMPLETE`` marker but not yet renamed the directory into place (``n=2``);
 - ``log_metrics``: the tracker has sent the step's metrics to MLflow and not yet returned (the

@@ -46,9 +46,9 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     """Run the GRPO stage described by ``config``."""
     started = time.perf_counter()
     seed_everything(config.seed)
+    settings = config.checkpoint
     config = with_absolute_paths(config)  # actors may not share this process's directory
     topology = resolve_topology(config)
-    settings = config.checkpoint
     checkpoints = CheckpointManager(
         settings.dir,
         keep_last=settings.keep_last,
