@@ -5,16 +5,24 @@ Kinds (``options["kind"]``):
 * ``rollout``: llmrl ``TransformersWrapper`` sampling ``samples`` responses per chat, with
   sampling log-probs (what a rollout needs).
 * ``raw_hf``: ``model.generate`` on the same chats, pre-tokenized and left-padded, ids only.
-* ``grpo_step``: one :meth:`GRPOTrainer.step` (collect, rewards, advantages, loss, backward,
-  optimizer, weight sync) -- the production GRPO iteration.
-* ``overhead``: a GRPO step, then the pure model compute of the same step on the same tokens
+* ``grpo_step``: ``steps_per_rep`` GRPO iterations (default 1) of :class:`inprocess.InProcessGRPO`
+  (collect, rewards, advantages, loss, backward, optimizer, weight sync).
+* ``overhead``: one such step, then the pure model compute of the same step on the same tokens
   (HF ``generate`` of the same prompts with the same seed + one forward/backward).
-* ``learning``: GRPO steps for a wall-time budget, saving the model at fractions of it.
+* ``learning``: in-process GRPO steps for a wall-time budget, saving the model at fractions of it.
+* ``grpo_runtime``: ``steps_per_rep`` steps of :class:`llmrl.runtime.GRPORuntime` (the stage's
+  own path: engine, env workers and trainer rank as Ray actors), ``mode`` sync or async.
+
+``grpo_step``, ``overhead`` and ``learning`` time the per-rank algorithm
+(:class:`~llmrl.train.grpo_trainer.GRPOTrainer`) with an in-process sampler sharing the trained
+model: what the algorithm costs, without placement, transport or a second model copy. The
+runtime's own cost (Ray actors, moving batches and weights between processes, async overlap) is
+measured by ``runtime.py`` with the ``grpo_runtime`` kind, against the in-process step.
 """
 
 from __future__ import annotations
 
-import sys
+import contextlib
 import tempfile
 import time
 from typing import Any
@@ -32,6 +40,8 @@ def setup(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         return info, _generation(options)
     if kind == "learning":
         return info, _learning(options)
+    if kind == "grpo_runtime":
+        return _grpo_runtime(options, info)
     return info, _grpo(options, with_pure_compute=kind == "overhead")
 
 
@@ -88,13 +98,13 @@ def _response_tokens(generated: torch.Tensor, tokenizer: Any) -> int:
     return int(first_eos.sum())
 
 
-def _trainer(options: dict[str, Any]) -> Any:
-    """llmrl's GRPO trainer for the workload (``max_train_rows``: all rows when absent)."""
+def _config(options: dict[str, Any], **fields: Any) -> Any:
+    """The GRPO config of the workload (``max_train_rows``: all rows when absent); ``fields``
+    override top-level settings (``mode``, ``runtime``, ``topology``)."""
     from llmrl.config.grpo import GRPOConfig
-    from llmrl.train.grpo_trainer import GRPOTrainer
 
     scratch = tempfile.mkdtemp(prefix="llmrl-bench-")
-    config = GRPOConfig.model_validate(
+    return GRPOConfig.model_validate(
         {
             "model": {"name": options["model"]},
             "data": {"path": options["data"], "max_train_rows": options.get("max_train_rows")},
@@ -107,41 +117,126 @@ def _trainer(options: dict[str, Any]) -> Any:
             "tracking": {"enabled": False},
             "output_dir": scratch,
             "progress": False,
+            **fields,
         }
     )
-    return GRPOTrainer(config)
 
 
 def _grpo(options: dict[str, Any], with_pure_compute: bool):
-    trainer = _trainer({**options, "max_train_rows": options["prompts"]})
-    model_time = ModelTime(trainer.model) if with_pure_compute else None
+    """``steps_per_rep`` in-process GRPO steps per request (one for ``overhead``)."""
+    from inprocess import InProcessGRPO
+
+    grpo = InProcessGRPO(_config({**options, "max_train_rows": options["prompts"]}))
+    model_time = ModelTime(grpo.model) if with_pure_compute else None
+    steps = 1 if with_pure_compute else options.get("steps_per_rep", 1)
+    counter = iter(range(1, 1_000_000))
 
     def run(seed: int) -> dict[str, Any]:
         torch.manual_seed(seed)
         if model_time is not None:
             model_time.reset()
         started = time.perf_counter()
-        batch, metrics = trainer.step()
-        step_seconds = time.perf_counter() - started
-        result = {
-            "tokens": metrics["response_tokens"],
-            "reward_mean": metrics["reward_mean"],
-            "phases": {
-                "generation": metrics["generation_seconds"],
-                "loss forward": metrics.get("loss_forward_seconds", 0.0),
-                "backward": metrics.get("backward_seconds", 0.0),
-                "optimizer": metrics.get("optimizer_seconds", 0.0),
-                "weight sync": metrics["weight_sync_seconds"],
-            },
-        }
-        result["phases"]["other"] = step_seconds - sum(result["phases"].values())
+        all_metrics, walls = [], []
+        for _ in range(steps):
+            tick = time.perf_counter()
+            batch, metrics = grpo.step(next(counter))
+            all_metrics.append(metrics)
+            walls.append(time.perf_counter() - tick)
+        result = _step_result(all_metrics, walls, time.perf_counter() - started)
         if model_time is not None:
-            result["step_seconds"] = step_seconds
             result["model"] = dict(model_time.seconds)
-            result["pure"] = _pure_compute(trainer, batch, seed)
+            result["pure"] = _pure_compute(grpo, batch, seed)
         return result
 
     return run
+
+
+TEARDOWN = contextlib.ExitStack()
+"""What the worker stops after the driver closes its stdin (the runtime, then Ray)."""
+
+
+def _grpo_runtime(options: dict[str, Any], info: dict[str, Any]):
+    """``steps_per_rep`` steps of the GRPO runtime per request (``mode``: sync or async; every
+    engine and rank actor with ``threads`` torch threads), on a local Ray started here.
+
+    Between requests nothing may run (the other contenders are timed then), but the runtime's
+    rollouts collect ahead in a background thread: the next batch right after each weight push
+    (sync), and one more version ahead (async). So each request ends by waiting until that
+    read-ahead is collected (``drain``, timed in ``request_step_seconds``); the idle worker then
+    uses no CPU. The seed is not used (the engines sample with their own generators).
+    """
+    from llmrl.runtime import GRPORuntime, describe, resolve_topology
+    from llmrl.runtime.ray_cluster import actor_runtime_env, ray_session
+    from llmrl.topology import Topology
+
+    config = _config(
+        {**options, "max_train_rows": options["prompts"]},
+        mode=options["mode"],
+        max_staleness=options.get("max_staleness", 1),
+        topology=Topology.local_default(),
+        runtime={"torch_threads": options["threads"]},
+    )
+    topology = resolve_topology(config)
+    TEARDOWN.enter_context(ray_session(None))
+    runtime = GRPORuntime(config, topology, runtime_env=actor_runtime_env())
+    TEARDOWN.callback(runtime.shutdown)
+    rollouts = runtime.rollouts
+    ahead = rollouts.max_staleness + 1  # batches collected ahead once the thread is idle
+    steps = options.get("steps_per_rep", 1)
+    counter = iter(range(1, 1_000_000))
+    info.update(topology=describe(topology), mode=config.mode, engine_threads=options["threads"])
+
+    def run(seed: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        all_metrics, walls = [], []
+        for _ in range(steps):
+            tick = time.perf_counter()
+            all_metrics.append(runtime.step(next(counter))[1])
+            walls.append(time.perf_counter() - tick)
+        tick = time.perf_counter()
+        while rollouts._queue.qsize() < ahead:  # no public count of the batches collected ahead
+            time.sleep(0.01)
+        drain = time.perf_counter() - tick
+        return _step_result(all_metrics, walls, time.perf_counter() - started, drain)
+
+    return info, run
+
+
+def _step_result(
+    all_metrics: list[dict[str, Any]], walls: list[float], seconds: float, drain: float = 0.0
+) -> dict[str, Any]:
+    """One request's steps. The first step of a request found its batch collected ahead (by
+    the previous request's drain, for the runtime), so with more than one step the per-step
+    figures are means over the others, the steady state: ``step_seconds`` (wall), tokens,
+    reward, ``training`` (all of ``training_seconds``: advantage, batch transport, the rank's
+    phases) and the phases (``other``: the rest of the wall time). ``request_step_seconds``:
+    the request's wall time, drain included, over its steps."""
+    steady = slice(1, None) if len(walls) > 1 else slice(None)
+    chosen, walls = all_metrics[steady], walls[steady]
+
+    def mean(key: str) -> float:
+        return sum(m.get(key, 0.0) for m in chosen) / len(chosen)
+
+    step_seconds = sum(walls) / len(walls)
+    phases = {
+        "generation": mean("generation_seconds"),
+        "loss forward": mean("loss_forward_seconds"),
+        "backward": mean("backward_seconds"),
+        "optimizer": mean("optimizer_seconds"),
+        "weight sync": mean("weight_sync_seconds"),
+    }
+    phases["other"] = step_seconds - sum(phases.values())
+    return {
+        "steps": len(all_metrics),
+        "step_seconds": step_seconds,
+        "request_step_seconds": seconds / len(all_metrics),
+        "drain": drain,
+        "tokens": mean("response_tokens"),
+        "reward_mean": mean("reward_mean"),
+        "staleness": mean("staleness"),
+        "training": mean("training_seconds"),
+        "phases": phases,
+    }
 
 
 class ModelTime:
@@ -181,40 +276,42 @@ class ModelTime:
 
 
 def _learning(options: dict[str, Any]):
-    """GRPO steps until ``budget_seconds`` have passed since the first, saving the model when
-    each fraction in ``marks`` of the budget is reached."""
+    """In-process GRPO steps until ``budget_seconds`` have passed since the first, saving the
+    model when each fraction in ``marks`` of the budget is reached."""
     from pathlib import Path
 
-    trainer = _trainer(options)
+    from inprocess import InProcessGRPO
+
+    grpo = InProcessGRPO(_config(options))
     budget, marks = options["budget_seconds"], sorted(options["marks"])
 
     def run(seed: int) -> dict[str, Any]:
         saved: dict[str, Any] = {}
         started, step = time.perf_counter(), 0
         while time.perf_counter() - started < budget:
-            trainer.step()
             step += 1
+            grpo.step(step)
             elapsed = time.perf_counter() - started
             for mark in marks:
                 key = f"{mark:g}"
                 if key not in saved and elapsed >= mark * budget:
                     folder = Path(options["out_dir"]) / f"llmrl-at-{key}"
-                    trainer.model.save_pretrained(folder)
-                    trainer.tokenizer.save_pretrained(folder)
+                    grpo.model.save_pretrained(folder)
+                    grpo.tokenizer.save_pretrained(folder)
                     saved[key] = {"path": str(folder), "step": step, "seconds": elapsed}
         return {"saved": saved}
 
     return run
 
 
-def _pure_compute(trainer: Any, batch: Any, seed: int) -> dict[str, float]:
+def _pure_compute(grpo: Any, batch: Any, seed: int) -> dict[str, float]:
     """HF generate of the batch's prompts (same seed, same order) and one forward/backward of
     the prompt + response tokens the step trained on (output layer over the response columns,
     ``logits_to_keep``); plain transformers calls, no llmrl code on the timed path."""
     from llmrl.data import pad_sequences
 
-    model, tokenizer = trainer.model, trainer.tokenizer
-    generation = trainer.config.generation
+    model, tokenizer = grpo.model, grpo.tokenizer
+    generation = grpo.config.generation
     prompts = [torch.as_tensor(p) for p in batch["tokens"].as_list("prompt")]
     responses = [torch.as_tensor(r) for r in batch["tokens"].as_list("response")]
     input_ids, mask = pad_sequences(prompts, "left", tokenizer.pad_token_id)
@@ -259,4 +356,7 @@ def _pure_compute(trainer: Any, batch: Any, seed: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(setup))
+    try:
+        serve(setup)
+    finally:
+        TEARDOWN.close()

@@ -7,9 +7,9 @@ with :mod:`llmrl.train.faults` in phase ``KINDS[seed % 5]`` (``generate``, ``bac
 or, for the kind ``time``, from outside at a random delay after the stage has loaded its model.
 A kill in the ``backward`` or ``checkpoint_write`` phase strikes the trainer rank (a Ray actor of
 the GRPO runtime): the stage then exits 1 naming the dead rank; the other kinds kill the stage
-process itself. Then the same command runs again until it exits 0. Every trial checks that the stage ends at
-exactly ``STEPS``, the final checkpoint loads into the tiny model, the one MLflow run of the
-trial has every step's metrics exactly once, and no partial checkpoint is left.
+process itself. Then the same command runs again until it exits 0. Every trial checks that the
+stage ends at exactly ``STEPS``, the final checkpoint loads into the tiny model, the one MLflow
+run of the trial has every step's metrics exactly once, and no partial checkpoint is left.
 """
 
 from __future__ import annotations
