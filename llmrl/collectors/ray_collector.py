@@ -486,8 +486,17 @@ class RayLLMCollector(CollectorBase):
 
     def update_policy_weights_(self, weights: Any = None) -> Any:
         """Push ``weights`` to the inference actors and advance the version (see
-        :meth:`LLMCollector.update_policy_weights_`); the actors stamp the new version."""
-        stats = super().update_policy_weights_(weights)
+        :meth:`LLMCollector.update_policy_weights_`); the actors stamp the new version.
+
+        An inference actor found dead by the push is rebuilt (with the weights of the push
+        that failed, which the updater already holds) and the push is made again."""
+        try:
+            stats = super().update_policy_weights_(weights)
+        except Exception as error:
+            if not is_actor_death(error) or not dead_actors(self.inference_actors):
+                raise
+            self._replace_dead_actors(error)
+            stats = super().update_policy_weights_(weights)
         ray = import_ray("RayLLMCollector")
         ray.get([a.set_version.remote(self.policy_version) for a in self.inference_actors])
         return stats

@@ -153,9 +153,11 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
 
     def restore(self, old: Any, new: Any) -> None:
         """Put the actor ``new`` in the place of ``old`` (a dead one) and load the last pushed
-        weights and version into it (an InferenceActor; nothing to load before a push)."""
+        weights and version into it (an InferenceActor; nothing to load before a push).
+        Handles are compared by actor id: ``old`` may be a copy received from another
+        process."""
         ray = import_ray("Pushing weights to Ray actors")
-        self.inference_actors = [new if actor is old else actor for actor in self.inference_actors]
+        self.inference_actors = [new if actor == old else actor for actor in self.inference_actors]
         if self.latest is not None:
             ray.get(new.load_state_dict.remote(self.latest, self.version))
 

@@ -87,7 +87,7 @@ class TrainerGroup:
                 )
             )
         address, port = self._all("rendezvous", ranks=[0])[0]
-        self._all("setup", address, port, resume_from)
+        self._all("setup", address, port, resume_from, stop_on_error=True)
         logger.info(
             "%d trainer rank(s) ready (%s, %s)",
             self.world_size,
@@ -109,7 +109,8 @@ class TrainerGroup:
             ("train", (shard, self.minibatches, step, stand_in), rank)
             for rank, (shard, stand_in) in enumerate(shards)
         ]
-        return self._wait([getattr(self.ranks[r], m).remote(*a) for m, a, r in calls], "train")[0]
+        refs = [getattr(self.ranks[r], m).remote(*a) for m, a, r in calls]
+        return self._wait(refs, "train", stop_on_error=True)[0]
 
     def push_weights(self, version: int) -> int:
         """Every rank sends its part of the weights; bytes that reached the engines."""
@@ -121,7 +122,7 @@ class TrainerGroup:
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Write the checkpoint of ``step``; its path."""
-        return self._all("save", step, extra, metrics)[0]
+        return self._all("save", step, extra, metrics, stop_on_error=True)[0]
 
     def shutdown(self) -> None:
         """Stop every rank (leaving the process group when they still can)."""
@@ -135,14 +136,28 @@ class TrainerGroup:
             ray.kill(rank)
         self.ranks = []
 
-    def _all(self, method: str, *args: Any, ranks: list[int] | None = None) -> list[Any]:
+    def _all(
+        self,
+        method: str,
+        *args: Any,
+        ranks: list[int] | None = None,
+        stop_on_error: bool = False,
+    ) -> list[Any]:
         chosen = range(self.world_size) if ranks is None else ranks
         refs = [getattr(self.ranks[r], method).remote(*args) for r in chosen]
-        return self._wait(refs, method, list(chosen))
+        return self._wait(refs, method, list(chosen), stop_on_error)
 
-    def _wait(self, refs: list[Any], what: str, ranks: list[int] | None = None) -> list[Any]:
-        """The results of ``refs`` (one per rank); the first rank that died raises
-        :class:`TrainerRankDied` after every rank was killed."""
+    def _wait(
+        self,
+        refs: list[Any],
+        what: str,
+        ranks: list[int] | None = None,
+        stop_on_error: bool = False,
+    ) -> list[Any]:
+        """The results of ``refs`` (one per rank). A rank that died raises
+        :class:`TrainerRankDied` after every rank was killed; an error raised by a call is
+        raised as it is, after killing the ranks when ``stop_on_error`` (the call was a
+        collective the other ranks would wait in)."""
         import ray
 
         ranks = list(range(len(refs))) if ranks is None else ranks
@@ -153,9 +168,12 @@ class TrainerGroup:
                 ray.get(done[0])
             except Exception as error:
                 rank = ranks[refs.index(done[0])]
-                for actor in self.ranks:
-                    ray.kill(actor)
-                if is_actor_death(error):
+                # a call that raised (even an actor death it saw elsewhere) left its rank alive
+                died = is_actor_death(error) and not isinstance(error, ray.exceptions.RayTaskError)
+                if died or stop_on_error:
+                    for actor in self.ranks:
+                        ray.kill(actor)
+                if died:
                     raise TrainerRankDied(
                         f"trainer rank {rank} died during {what}: {first_line(error)}; the "
                         "other ranks were stopped. Re-run the stage to resume from the last "
