@@ -1,0 +1,86 @@
+"""Where the runtime puts its inference actors: an engine's own bundle (disaggregated) or the
+trainer's bundles, half of each (colocated); what a transformers engine builds."""
+
+from __future__ import annotations
+
+from llmrl.runtime.engines import TransformersEngine, inference_actor_options, start_engines
+from llmrl.topology import Placement, Topology
+
+
+class _Role:
+    """A stand-in for a reserved role: names the bundle an actor would be scheduled on."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def scheduling_strategy(self, index: int = 0) -> str:
+        return f"{self.name}[{index}]"
+
+
+def _placement(topology: Topology, inference: list[str]) -> Placement:
+    return Placement(
+        topology=topology,
+        inference=[_Role(name) for name in inference],
+        trainer=_Role("trainer"),
+        reference=None,
+        env_workers=_Role("env_workers"),
+    )
+
+
+def test_disaggregated_engines_take_their_own_bundles():
+    topology = Topology.model_validate(
+        {"inference": {"backend": "transformers", "engines": 2, "cpus_per_engine": 1.5}}
+    )
+    options = inference_actor_options(topology, _placement(topology, ["engine0", "engine1"]))
+    assert options == [
+        {"num_cpus": 1.5, "num_gpus": 0.0, "scheduling_strategy": "engine0[0]"},
+        {"num_cpus": 1.5, "num_gpus": 0.0, "scheduling_strategy": "engine1[0]"},
+    ]
+
+
+def test_a_transformers_engine_on_a_gpu_holds_it():
+    topology = Topology.model_validate(
+        {"inference": {"backend": "transformers", "gpus_per_engine": 1, "cpus_per_engine": 2}}
+    )
+    (options,) = inference_actor_options(topology, _placement(topology, ["engine0"]))
+    assert options["num_gpus"] == 1.0 and options["num_cpus"] == 2
+
+
+def test_colocated_engines_share_the_trainer_bundles_half_and_half():
+    topology = Topology.model_validate(
+        {
+            "inference": {"backend": "vllm", "engines": 2, "gpu_memory_utilization": 0.4},
+            "trainer": {"gpus": 2, "strategy": "ddp", "cpus": 8},
+            "colocated": True,
+        }
+    )
+    # colocated: engine i's role is the trainer group's bundle i (plan_groups)
+    options = inference_actor_options(topology, _placement(topology, ["shared0", "shared1"]))
+    # the front actor takes half of the rank's CPU share; the vLLM engine actor holds the GPU
+    assert [o["num_cpus"] for o in options] == [2.0, 2.0]
+    assert [o["scheduling_strategy"] for o in options] == ["shared0[0]", "shared1[0]"]
+
+
+def test_transformers_engines_build_request_batching_policies():
+    topology = Topology.local_default()
+    engines = start_engines(
+        topology,
+        _placement(topology, ["engine0"]),
+        model="tiny",
+        dtype="float32",
+        generate_kwargs={"max_new_tokens": 4},
+        batch_rows=16,
+        batching_timeout_s=0.25,
+        threads=2,
+        runtime_env=None,
+    )
+    assert engines.vllm_engines == []
+    assert engines.factories == [
+        TransformersEngine("tiny", "float32", "cpu", {"max_new_tokens": 4}, 16, 0.25, 2)
+    ]
+
+
+def test_a_transformers_engine_serves_the_step_rows_in_one_call(tiny_model_dir):
+    policy = TransformersEngine(str(tiny_model_dir), "float32", "cpu", {"max_new_tokens": 4}, 8)()
+    assert policy.batching["min_batch_size"] == 8 and policy.batching["max_batch_size"] == 8
+    assert not any(p.requires_grad for p in policy.model.parameters())
