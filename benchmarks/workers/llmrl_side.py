@@ -11,7 +11,8 @@ Kinds (``options["kind"]``):
   (HF ``generate`` of the same prompts with the same seed + one forward/backward).
 * ``learning``: in-process GRPO steps for a wall-time budget, saving the model at fractions of it.
 * ``grpo_runtime``: ``steps_per_rep`` steps of :class:`llmrl.runtime.GRPORuntime` (the stage's
-  own path: engine, env workers and trainer rank as Ray actors), ``mode`` sync or async.
+  own path: engine, env workers and trainer rank as Ray actors), ``mode`` sync or async, on a
+  local Ray started for each request.
 
 ``grpo_step``, ``overhead`` and ``learning`` time the per-rank algorithm
 (:class:`~llmrl.train.grpo_trainer.GRPOTrainer`) with an in-process sampler sharing the trained
@@ -22,7 +23,7 @@ measured by ``runtime.py`` with the ``grpo_runtime`` kind, against the in-proces
 
 from __future__ import annotations
 
-import contextlib
+import sys
 import tempfile
 import time
 from typing import Any
@@ -135,14 +136,13 @@ def _grpo(options: dict[str, Any], with_pure_compute: bool):
         torch.manual_seed(seed)
         if model_time is not None:
             model_time.reset()
-        started = time.perf_counter()
         all_metrics, walls = [], []
         for _ in range(steps):
             tick = time.perf_counter()
             batch, metrics = grpo.step(next(counter))
             all_metrics.append(metrics)
             walls.append(time.perf_counter() - tick)
-        result = _step_result(all_metrics, walls, time.perf_counter() - started)
+        result = _step_result(all_metrics, walls)
         if model_time is not None:
             result["model"] = dict(model_time.seconds)
             result["pure"] = _pure_compute(grpo, batch, seed)
@@ -151,19 +151,16 @@ def _grpo(options: dict[str, Any], with_pure_compute: bool):
     return run
 
 
-TEARDOWN = contextlib.ExitStack()
-"""What the worker stops after the driver closes its stdin (the runtime, then Ray)."""
-
-
 def _grpo_runtime(options: dict[str, Any], info: dict[str, Any]):
-    """``steps_per_rep`` steps of the GRPO runtime per request (``mode``: sync or async; every
-    engine and rank actor with ``threads`` torch threads), on a local Ray started here.
+    """Per request: a local Ray and a :class:`~llmrl.runtime.GRPORuntime` started (untimed:
+    ``startup_seconds``), ``steps_per_rep`` steps (``mode``: sync or async; every engine and rank
+    actor with ``threads`` torch threads), then the runtime and Ray stopped.
 
-    Between requests nothing may run (the other contenders are timed then), but the runtime's
-    rollouts collect ahead in a background thread: the next batch right after each weight push
-    (sync), and one more version ahead (async). So each request ends by waiting until that
-    read-ahead is collected (``drain``, timed in ``request_step_seconds``); the idle worker then
-    uses no CPU. The seed is not used (the engines sample with their own generators).
+    Nothing of the runtime outlives its request: its rollouts collect ahead in a background
+    thread, which would run while the other contenders are timed, and two idle clusters beside
+    the in-process model do not fit in memory next to other work. The first step of a request
+    is its warm-up (left out of the steady state by :func:`_step_result`). The seed is not used
+    (the engines sample with their own generators).
     """
     from llmrl.runtime import GRPORuntime, describe, resolve_topology
     from llmrl.runtime.ray_cluster import actor_runtime_env, ray_session
@@ -177,40 +174,34 @@ def _grpo_runtime(options: dict[str, Any], info: dict[str, Any]):
         runtime={"torch_threads": options["threads"]},
     )
     topology = resolve_topology(config)
-    TEARDOWN.enter_context(ray_session(None))
-    runtime = GRPORuntime(config, topology, runtime_env=actor_runtime_env())
-    TEARDOWN.callback(runtime.shutdown)
-    rollouts = runtime.rollouts
-    ahead = rollouts.max_staleness + 1  # batches collected ahead once the thread is idle
     steps = options.get("steps_per_rep", 1)
-    counter = iter(range(1, 1_000_000))
     info.update(topology=describe(topology), mode=config.mode, engine_threads=options["threads"])
 
     def run(seed: int) -> dict[str, Any]:
         started = time.perf_counter()
-        all_metrics, walls = [], []
-        for _ in range(steps):
-            tick = time.perf_counter()
-            all_metrics.append(runtime.step(next(counter))[1])
-            walls.append(time.perf_counter() - tick)
-        tick = time.perf_counter()
-        while rollouts._queue.qsize() < ahead:  # no public count of the batches collected ahead
-            time.sleep(0.01)
-        drain = time.perf_counter() - tick
-        return _step_result(all_metrics, walls, time.perf_counter() - started, drain)
+        with ray_session(None):
+            runtime = GRPORuntime(config, topology, runtime_env=actor_runtime_env())
+            try:
+                startup = time.perf_counter() - started
+                all_metrics, walls = [], []
+                for number in range(1, steps + 1):
+                    tick = time.perf_counter()
+                    all_metrics.append(runtime.step(number)[1])
+                    walls.append(time.perf_counter() - tick)
+            finally:
+                runtime.shutdown()
+        result = _step_result(all_metrics, walls)
+        result["startup_seconds"] = startup
+        return result
 
     return info, run
 
 
-def _step_result(
-    all_metrics: list[dict[str, Any]], walls: list[float], seconds: float, drain: float = 0.0
-) -> dict[str, Any]:
-    """One request's steps. The first step of a request found its batch collected ahead (by
-    the previous request's drain, for the runtime), so with more than one step the per-step
-    figures are means over the others, the steady state: ``step_seconds`` (wall), tokens,
-    reward, ``training`` (all of ``training_seconds``: advantage, batch transport, the rank's
-    phases) and the phases (``other``: the rest of the wall time). ``request_step_seconds``:
-    the request's wall time, drain included, over its steps."""
+def _step_result(all_metrics: list[dict[str, Any]], walls: list[float]) -> dict[str, Any]:
+    """One request's steps. With more than one step the first is the request's warm-up, and
+    the figures are means over the others (the steady state): ``step_seconds`` (wall),
+    tokens, reward, ``training`` (all of ``training_seconds``: advantage, batch transport, the
+    rank's phases) and the phases (``other``: the rest of the wall time)."""
     steady = slice(1, None) if len(walls) > 1 else slice(None)
     chosen, walls = all_metrics[steady], walls[steady]
 
@@ -229,8 +220,6 @@ def _step_result(
     return {
         "steps": len(all_metrics),
         "step_seconds": step_seconds,
-        "request_step_seconds": seconds / len(all_metrics),
-        "drain": drain,
         "tokens": mean("response_tokens"),
         "reward_mean": mean("reward_mean"),
         "staleness": mean("staleness"),
@@ -356,7 +345,4 @@ def _pure_compute(grpo: Any, batch: Any, seed: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    try:
-        serve(setup)
-    finally:
-        TEARDOWN.close()
+    sys.exit(serve(setup))
