@@ -71,7 +71,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
         runtime = GRPORuntime(
             config,
             topology,
-            resume_from=str(latest) if latest is not None else None,
+            resume_from=str(latest.resolve()) if latest is not None else None,
             resume_state=state.extra if state else None,
             runtime_env=actor_runtime_env(),
         )
