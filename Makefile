@@ -62,13 +62,15 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
-# against raw transformers, TorchRL and TRL, about 15 minutes on 2 cores. The peers are installed
-# into benchmarks/.peers-venv on first use, never into $(VENV).
-BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# against raw transformers, TorchRL and TRL, and the GRPO runtime against the in-process step,
+# about 30 minutes on 2 cores. The peers are installed into benchmarks/.peers-venv on first use,
+# never into $(VENV).
+BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 bench: $(VENV)/.installed-run
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python rollout.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python overhead.py
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python runtime.py
 
 # Learning per wall-clock second, llmrl vs TRL (BUDGET minutes each, plus SFT and evaluation).
 BUDGET ?= 20
