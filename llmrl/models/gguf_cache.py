@@ -52,7 +52,14 @@ def ensure_converted(gguf_path: str | Path) -> Path:
     """Return a safetensors model directory for ``gguf_path``, converting it on first use."""
     target = converted_dir_for(gguf_path)
     if target.is_dir():
-        return target
+        if _is_complete(target):
+            return target
+        # found without its config or weights (left by something other than this function,
+        # which publishes whole conversions only): set it aside and convert again
+        aside = target.with_name(f".{target.name}.broken-{os.getpid()}")
+        logger.warning("%s lacks config.json or weights; converting again", target)
+        os.rename(target, aside)
+        shutil.rmtree(aside, ignore_errors=True)
     require_gguf_support()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
@@ -71,6 +78,11 @@ def ensure_converted(gguf_path: str | Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a model: its config and safetensors weights."""
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
 def require_gguf_support() -> None:

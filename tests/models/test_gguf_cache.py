@@ -124,6 +124,21 @@ def test_fake_conversion_is_published_atomically(
     assert len(calls) == 1
 
 
+def test_a_cache_entry_without_weights_is_converted_again(
+    own_cache: Path, fake_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    monkeypatch.setattr(gguf_cache, "_convert", _fake_converter(calls))
+    target = converted_dir_for(fake_gguf)
+    target.mkdir(parents=True)
+    (target / "tokenizer.json").write_text("{}")  # a tokenizer alone: no model to load
+
+    assert ensure_converted(fake_gguf) == target
+    assert len(calls) == 1
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert _entries(own_cache) == [target.name]  # the broken entry is gone
+
+
 # (b) reuse of the real conversion ---------------------------------------------------------------
 
 
