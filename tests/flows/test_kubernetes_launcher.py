@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import _thread
+import signal
 import threading
 import time
 from pathlib import Path
@@ -183,7 +183,9 @@ def test_cancellation_deletes_what_was_created(stage: str, config_file) -> None:
                     break
                 time.sleep(0.05)
             time.sleep(0.3)
-            _thread.interrupt_main()  # Ctrl-C, or Prefect cancelling the task
+            # Ctrl-C, or Prefect cancelling the task: a real SIGINT, which also breaks the main
+            # thread out of a blocking read of the watch stream (interrupt_main() would not)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
         threading.Thread(target=cancel_when_running, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
