@@ -171,8 +171,17 @@ def test_unreachable_api_is_transient() -> None:
         launcher.run("prepare", None, [], {})
 
 
+@pytest.fixture
+def default_sigint():
+    """Python's own Ctrl-C handler for the test (an earlier test's library, e.g. Ray, may have
+    installed another one that does not raise KeyboardInterrupt)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("stage", ["grpo", "eval"])
-def test_cancellation_deletes_what_was_created(stage: str, config_file) -> None:
+def test_cancellation_deletes_what_was_created(stage: str, config_file, default_sigint) -> None:
     with FakeKubernetes("hang") as fake:
         launcher = _launcher(fake)
 
