@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,3 +68,17 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     updates = {PREFECT_HOME: str(home), PREFECT_SERVER_ANALYTICS_ENABLED: False}
     with temporary_settings(updates=updates), prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler for the test, whatever an earlier test left installed."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def send_ctrl_c() -> None:
+    """A real SIGINT to the main thread: unlike ``_thread.interrupt_main()`` it also breaks a
+    blocking read (a pipe, a watch stream) the main thread is waiting in."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from flows.launchers import (
     TransientStageError,
 )
 from llmrl.topology import InferenceSpec, Topology, TrainerSpec
+from tests.conftest import send_ctrl_c
 from tests.flows.fake_k8s_api import FakeKubernetes
 
 pytest.importorskip("kubernetes")
@@ -171,15 +171,6 @@ def test_unreachable_api_is_transient() -> None:
         launcher.run("prepare", None, [], {})
 
 
-@pytest.fixture
-def default_sigint():
-    """Python's own Ctrl-C handler for the test (an earlier test's library, e.g. Ray, may have
-    installed another one that does not raise KeyboardInterrupt)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 @pytest.mark.parametrize("stage", ["grpo", "eval"])
 def test_cancellation_deletes_what_was_created(stage: str, config_file, default_sigint) -> None:
     with FakeKubernetes("hang") as fake:
@@ -192,9 +183,7 @@ def test_cancellation_deletes_what_was_created(stage: str, config_file, default_
                     break
                 time.sleep(0.05)
             time.sleep(0.3)
-            # Ctrl-C, or Prefect cancelling the task: a real SIGINT, which also breaks the main
-            # thread out of a blocking read of the watch stream (interrupt_main() would not)
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            send_ctrl_c()  # Ctrl-C, or Prefect cancelling the task
 
         threading.Thread(target=cancel_when_running, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ from flows.launchers import (
     parse_summary,
     stage_arguments,
 )
+from tests.conftest import send_ctrl_c
 
 
 def _script(body: str) -> list[str]:
@@ -161,7 +161,7 @@ def test_success_without_a_summary_line_is_a_failure() -> None:
         launcher.run("grpo", None, [], env={})
 
 
-def test_cancellation_terminates_the_whole_process_group(tmp_path: Path) -> None:
+def test_cancellation_terminates_the_whole_process_group(tmp_path: Path, default_sigint) -> None:
     pids = tmp_path / "pids"
     launcher = LocalLauncher(
         _script(
@@ -181,7 +181,7 @@ def test_cancellation_terminates_the_whole_process_group(tmp_path: Path) -> None
         while not pids.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)
-        _thread.interrupt_main()  # what Ctrl-C (or Prefect's cancellation signal) does
+        send_ctrl_c()  # what Ctrl-C (or Prefect's cancellation signal) does
 
     threading.Thread(target=interrupt_when_started, daemon=True).start()
     start = time.monotonic()
