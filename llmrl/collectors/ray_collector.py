@@ -446,16 +446,14 @@ class RayLLMCollector(CollectorBase):
             self._budget.spend(f"inference actor {index}", error)
             old, new = self.inference_actors[index], self._new_inference_actor(index)
             self.inference_actors[index] = new
-            try:
-                if self.weight_updater is not None:
-                    self.weight_updater.restore(old, new)
-            except NotImplementedError:
-                if self.policy_version > 0:
-                    raise RuntimeError(
-                        f"inference actor {index} died and was rebuilt, but the weight updater "
-                        f"{type(self.weight_updater).__name__} cannot reload version "
-                        f"{self.policy_version} into it"
-                    ) from error
+            updater = self.weight_updater
+            restored = updater is not None and updater.restore(old, new)
+            if not restored and self.policy_version > 0:
+                raise RuntimeError(
+                    f"inference actor {index} died and was rebuilt, but the weight updater "
+                    f"{type(updater).__name__} cannot reload version "
+                    f"{self.policy_version} into it"
+                ) from error
             ray.get(new.set_version.remote(self.policy_version))
             self.stats["inference_actor_restarts"] += 1
             logger.warning("inference actor %d died (%s); rebuilt it", index, first_line(error))

@@ -84,13 +84,10 @@ class WeightUpdater(ABC):
     def _push(self, weights: Weights, version: int) -> int:
         """Deliver the weights; returns the number of bytes transferred."""
 
-    def restore(self, old: Any, new: Any) -> None:
+    def restore(self, old: Any, new: Any) -> bool:
         """Put the inference actor ``new`` in the place of ``old`` (a dead one) with the last
-        pushed weights. Updaters that cannot reload weights into a new actor raise."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot reload version {self.version} into a rebuilt "
-            "inference actor"
-        )
+        pushed weights; False when this updater has no way to (the default), True when done."""
+        return False
 
 
 class InProcessWeightUpdater(WeightUpdater):
@@ -151,7 +148,7 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
         self.inference_actors = list(inference_actors)
         self.latest: Any = None
 
-    def restore(self, old: Any, new: Any) -> None:
+    def restore(self, old: Any, new: Any) -> bool:
         """Put the actor ``new`` in the place of ``old`` (a dead one) and load the last pushed
         weights and version into it (an InferenceActor; nothing to load before a push).
         Handles are compared by actor id: ``old`` may be a copy received from another
@@ -160,6 +157,7 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
         self.inference_actors = [new if actor == old else actor for actor in self.inference_actors]
         if self.latest is not None:
             ray.get(new.load_state_dict.remote(self.latest, self.version))
+        return True
 
     def _push(self, weights: Weights, version: int) -> int:
         ray = import_ray("Pushing weights to Ray actors")

@@ -116,9 +116,9 @@ class TrainerGroup:
         """Every rank sends its part of the weights; bytes that reached the engines."""
         return int(sum(self._all("push_weights", version)))
 
-    def restore_engine(self, old: Any, new: Any) -> None:
-        """Load the last pushed weights into a rebuilt inference actor."""
-        self._all("restore_engine", old, new, ranks=[0])
+    def restore_engine(self, old: Any, new: Any) -> bool:
+        """Load the last pushed weights into a rebuilt inference actor; whether rank 0 could."""
+        return bool(self._all("restore_engine", old, new, ranks=[0])[0])
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Write the checkpoint of ``step``; its path."""

@@ -138,10 +138,10 @@ class TrainerRank:
             return 0
         return self.weight_updater.push(weights, version=version).bytes
 
-    def restore_engine(self, old: Any, new: Any) -> None:
-        """Rank 0: load the last pushed weights into a rebuilt inference actor ``new``."""
-        if self.rank == 0:
-            self.weight_updater.restore(old, new)
+    def restore_engine(self, old: Any, new: Any) -> bool:
+        """Rank 0: load the last pushed weights into a rebuilt inference actor ``new``;
+        whether its updater could (an NCCL updater cannot)."""
+        return self.rank == 0 and self.weight_updater.restore(old, new)
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str | None:
         """Write the checkpoint of ``step`` (rank 0 writes; every rank gathers); its path."""

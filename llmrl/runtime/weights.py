@@ -29,5 +29,5 @@ class TrainerRanksWeightUpdater(WeightUpdater):
             raise ValueError("the trainer ranks send their own weights; push() takes none")
         return self.ranks.push_weights(version)
 
-    def restore(self, old: Any, new: Any) -> None:
-        self.ranks.restore_engine(old, new)
+    def restore(self, old: Any, new: Any) -> bool:
+        return self.ranks.restore_engine(old, new)
