@@ -21,7 +21,7 @@ from flows.launchers.base import (
 )
 from flows.launchers.kubernetes import KubernetesLauncher
 from flows.launchers.local import LocalLauncher
-from flows.launchers.manifests import KubernetesSettings, PodResources
+from flows.launchers.settings import KubernetesSettings, PodResources
 
 __all__ = [
     "STAGE_COMMANDS",

@@ -46,16 +46,19 @@ from flows.launchers.base import (
     tail_text,
 )
 from flows.launchers.manifests import (
+    LABEL_FLOW_RUN,
     LABEL_ROLE,
     LABEL_RUN,
     RAY_STAGES,
-    KubernetesSettings,
-    PodResources,
     build_config_map,
     build_job_manifest,
     build_rayjob_manifest,
+    job_resources,
+    owner_reference,
+    requested_gpus,
     resource_name,
 )
+from flows.launchers.settings import KubernetesSettings, effective_settings
 
 if TYPE_CHECKING:
     from llmrl.topology import SchedulingSpec, Topology
@@ -73,6 +76,8 @@ FATAL_WAITING_REASONS = frozenset(
     }
 )
 TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+STRICT = "Strict"
+"""fieldValidation of every write: an unknown or duplicate field is an error, not dropped."""
 _HINTS = {
     "ImagePullBackOff": "check kubernetes.image and the cluster's access to the registry",
     "ErrImagePull": "check kubernetes.image and the cluster's access to the registry",
@@ -177,10 +182,15 @@ class KubernetesLauncher:
         *,
         api_client: Any = None,
         topology: Topology | None = None,
+        flow_run_id: str | None = None,
     ) -> None:
-        self.settings = settings or KubernetesSettings()
+        try:
+            self.settings = effective_settings(settings or KubernetesSettings())
+        except ValueError as error:
+            raise StageConfigError("kubernetes", str(error)) from None
         self._api_client = api_client
         self._topology = topology
+        self._flow_run_id = flow_run_id
 
     # -- public
 
@@ -200,25 +210,31 @@ class KubernetesLauncher:
         ray = stage in RAY_STAGES
         config_text = Path(config_path).read_text(encoding="utf-8") if config_path else None
         config_map = resource if config_text is not None else None
+        flow_run_id = self.flow_run_id
         if ray:
             manifest = build_rayjob_manifest(
                 stage, resource, self.settings, self.topology,
-                overrides=overrides, env=env, config_map=config_map,
+                overrides=overrides, env=env, config_map=config_map, flow_run_id=flow_run_id,
             )  # fmt: skip
         else:
-            scheduling = self._job_scheduling(stage)
             manifest = build_job_manifest(
                 stage, resource, self.settings,
-                overrides=overrides, env=env, config_map=config_map, scheduling=scheduling,
+                overrides=overrides, env=env, config_map=config_map,
+                scheduling=self._job_scheduling(stage),
+                resources=job_resources(stage, self.settings, self.topology),
+                flow_run_id=flow_run_id,
             )  # fmt: skip
+        self._check_gpus(label, manifest)
         run = _Run(self, label, stage, resource, "rayjob" if ray else "job", logger)
         start = time.monotonic()
         try:
             if config_text is not None:
-                run.create_config_map(config_text)
+                run.create_config_map(config_text, flow_run_id)
             run.create(manifest)
             logger.info("%s: created %s %s/%s", label, manifest["kind"], run.namespace, resource)
             summary = run.wait()
+            if ray:  # the Ray cluster is gone already (TTL 0); the RayJob and submitter go too
+                run.delete()
         except StageError:
             if self.settings.delete_on_failure:
                 run.delete()
@@ -235,6 +251,30 @@ class KubernetesLauncher:
         return StageResult(summary, tail_text(run.log_lines), seconds, details)
 
     @property
+    def flow_run_id(self) -> str | None:
+        """The Prefect flow run this launcher works for (label ``llmrl.io/flow-run``): the one
+        given, else the current flow run's, else None."""
+        if self._flow_run_id is None:
+            try:
+                from prefect.runtime import flow_run
+            except ImportError:  # pragma: no cover - prefect is in the same extra as flows
+                return None
+            self._flow_run_id = flow_run.id or None
+        return self._flow_run_id
+
+    def _check_gpus(self, label: str, manifest: dict[str, Any]) -> None:
+        """Refuse a stage that would ask for more GPUs than the topology has: the cluster is
+        sized for the topology, so its pods would stay Unschedulable."""
+        gpus, budget = requested_gpus(manifest), self.topology.total_gpus
+        if gpus > budget:
+            raise StageConfigError(
+                label,
+                f"the {manifest['kind']} requests {gpus} GPU(s) but the topology has {budget}; "
+                "lower kubernetes.jobs.<stage>.gpus (or leave it null to follow the topology), "
+                "or give the topology more GPUs",
+            )
+
+    @property
     def topology(self) -> Topology:
         """The topology RayJobs are built from (see :func:`load_topology`)."""
         if self._topology is None:
@@ -243,7 +283,7 @@ class KubernetesLauncher:
 
     def _job_scheduling(self, stage: str) -> SchedulingSpec | None:
         """GPU jobs go where the trainer goes, CPU jobs where the env workers go."""
-        gpus = self.settings.jobs.get(stage, PodResources()).gpus
+        gpus = job_resources(stage, self.settings, self.topology).gpus
         topology = self.topology
         return topology.trainer.scheduling if gpus else topology.env_workers.scheduling
 
@@ -298,6 +338,53 @@ def load_topology(path: str | None) -> Topology:
         raise StageConfigError("topology", f"{path}: {error}") from None
 
 
+def delete_flow_run_resources(
+    settings: KubernetesSettings, flow_run_id: str, *, api_client: Any = None
+) -> list[str]:
+    """Delete every Job and RayJob a flow run launched (label ``llmrl.io/flow-run``); their pods
+    and ConfigMaps go with them (garbage collection). The flow's cancellation and crash hooks
+    call it; the owner reference to the flow-run pod covers a flow-run pod that was killed.
+
+    Returns ``["<kind>/<name>", ...]`` of what was deleted. Errors are API errors, raised.
+    """
+    from kubernetes import client
+
+    launcher = KubernetesLauncher(settings, api_client=api_client, flow_run_id=flow_run_id)
+    api = launcher.api()
+    namespace = launcher.settings.namespace
+    selector = f"{LABEL_FLOW_RUN}={flow_run_id}"
+    custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
+    deleted: list[str] = []
+    rayjobs = custom.list_namespaced_custom_object(
+        "ray.io", "v1", namespace, "rayjobs", label_selector=selector
+    )
+    for item in rayjobs.get("items") or []:
+        name = item["metadata"]["name"]
+        _ignore_missing(
+            custom.delete_namespaced_custom_object,
+            "ray.io", "v1", namespace, "rayjobs", name, propagation_policy="Background",
+        )  # fmt: skip
+        deleted.append(f"RayJob/{name}")
+    for job in batch.list_namespaced_job(namespace, label_selector=selector).items:
+        name = job.metadata.name
+        _ignore_missing(
+            batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
+        )
+        deleted.append(f"Job/{name}")
+    return deleted
+
+
+def _ignore_missing(delete: Any, *args: Any, **kwargs: Any) -> None:
+    """Call ``delete``; an object already gone (404) is what we wanted."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        delete(*args, **kwargs)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
 class _Run:
     """One stage run on the cluster: what was created, its pods, its driver's log."""
 
@@ -313,27 +400,33 @@ class _Run:
         self.core, self.batch = client.CoreV1Api(api), client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.created: list[str] = []  # "configmap" / "job" / "rayjob"
+        self.owners: list[dict[str, Any]] = []  # the ConfigMap's owners besides its stage
         self.log_lines: deque[str] = deque(maxlen=2000)
         self._followed: dict[str, threading.Thread] = {}
         self._unschedulable_since: dict[str, float] = {}
 
     # -- creation and deletion
 
-    def create_config_map(self, config_text: str) -> None:
-        body = build_config_map(self.name, self.namespace, self.stage, config_text)
+    def create_config_map(self, config_text: str, flow_run_id: str | None) -> None:
+        body = build_config_map(self.name, self.namespace, self.stage, config_text, flow_run_id)
+        self.owners = [owner_reference(self.settings)] if self.settings.owner_pod else []
+        if self.owners:  # gone with the flow run even if the Job below is never created
+            body["metadata"]["ownerReferences"] = list(self.owners)
         with self.api_errors("creating the ConfigMap"):
-            self.core.create_namespaced_config_map(self.namespace, body)
+            self.core.create_namespaced_config_map(self.namespace, body, field_validation=STRICT)
         self.created.append("configmap")
 
     def create(self, manifest: dict[str, Any]) -> None:
         with self.api_errors(f"creating the {manifest['kind']}"):
             if self.kind == "rayjob":
                 created = self.custom.create_namespaced_custom_object(
-                    "ray.io", "v1", self.namespace, "rayjobs", manifest
+                    "ray.io", "v1", self.namespace, "rayjobs", manifest, field_validation=STRICT
                 )
                 uid = created["metadata"]["uid"]
             else:
-                created = self.batch.create_namespaced_job(self.namespace, manifest)
+                created = self.batch.create_namespaced_job(
+                    self.namespace, manifest, field_validation=STRICT
+                )
                 uid = created.metadata.uid
         self.created.append(self.kind)
         if "configmap" in self.created:  # deleting the job deletes its config
@@ -343,9 +436,11 @@ class _Run:
                 "name": self.name,
                 "uid": uid,
             }
-            patch = {"metadata": {"ownerReferences": [owner]}}
+            patch = {"metadata": {"ownerReferences": [*self.owners, owner]}}
             with self.api_errors("adopting the ConfigMap"):
-                self.core.patch_namespaced_config_map(self.name, self.namespace, patch)
+                self.core.patch_namespaced_config_map(
+                    self.name, self.namespace, patch, field_validation=STRICT
+                )
 
     def delete(self) -> None:
         """Delete what this run created (best effort: errors are logged, not raised)."""

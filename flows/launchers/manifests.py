@@ -3,7 +3,7 @@
 - :func:`build_config_map`: the stage's config file, mounted at ``/etc/llmrl/<stage>.yaml``.
 - :func:`build_job_manifest`: a ``batch/v1`` Job for a one-pod stage (``prepare``, ``eval``).
 - :func:`build_rayjob_manifest`: a KubeRay ``RayJob`` (``ray.io/v1``) for a Ray stage (``sft``,
-  ``grpo``), with the worker groups of ``helm/llmrl``'s RayCluster, from the
+  ``grpo``), on its own Ray cluster built from the
   :class:`~llmrl.topology.Topology`: ``inference`` (one pod per engine, ``nvidia.com/gpu`` = its
   GPUs) and ``trainer`` (one pod holding every rank: its GPUs, or its cores shared by CPU
   ranks), or one ``colocated`` group; ``reference`` when dedicated; ``env-workers`` on CPU.
@@ -21,10 +21,13 @@ Where the entrypoint (the stage's driver) runs, pinned by the custom Ray resourc
   group, which offers ``llmrl_driver``, and reserves the trainer's GPUs; the head offers Ray no
   CPU (``num-cpus: "0"``).
 
-Every object carries the labels of :func:`run_labels`; pods add ``llmrl.io/role`` (``job``,
-``driver`` for the RayJob's submitter, ``head``, or the worker group's name). Every pod meets
-the "restricted" Pod Security Standard (:data:`POD_SECURITY_CONTEXT`,
-:data:`CONTAINER_SECURITY_CONTEXT`).
+Every object carries the labels of :func:`run_labels` (with ``llmrl.io/flow-run``), the Kueue
+queue label when one is set, and an ownerReference to the flow-run pod when the settings know
+it; pods add ``llmrl.io/role`` (``job``, ``driver`` for the RayJob's submitter, ``head``, or
+the worker group's name) and the settings' labels, annotations, env and envFrom for that role
+(:class:`~flows.launchers.settings.KubernetesSettings`). Every pod meets
+the "restricted" Pod Security Standard (``POD_SECURITY_CONTEXT`` and
+``CONTAINER_SECURITY_CONTEXT`` of :mod:`flows.launchers.settings`).
 """
 
 from __future__ import annotations
@@ -35,18 +38,27 @@ import re
 import secrets
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
 from flows.launchers.base import stage_arguments
+from flows.launchers.settings import (
+    CONTAINER_SECURITY_CONTEXT,
+    KUEUE_QUEUE_LABEL,
+    KubernetesSettings,
+    PodResources,
+)
 
 if TYPE_CHECKING:
     from llmrl.topology import SchedulingSpec, Topology
 
 RAY_STAGES: tuple[str, ...] = ("sft", "grpo")
 """Stages that run as a RayJob; the others run as a one-pod Job."""
+# The KubeRay release llmrl pins (the operator the docs install); RayJobs are built for it.
+KUBERAY_VERSION = "1.7.0"
+# KubeRay releases whose CRDs every RayJob the launcher builds is tested against (oldest first).
+KUBERAY_TESTED_VERSIONS: tuple[str, ...] = ("1.4.2", "1.7.0")
 CONFIG_DIR = "/etc/llmrl"
 DRIVER_RESOURCE = "llmrl_driver"
 """Custom Ray resource of the one node that hosts a RayJob's entrypoint (the driver)."""
@@ -56,96 +68,7 @@ TRAINING_DRIVERS: tuple[str, ...] = ("sft",)
 """Ray stages whose driver is the training process (on the trainer group, with its GPUs);
 the driver of the others only orchestrates, from the head."""
 LABEL_RUN, LABEL_STAGE, LABEL_ROLE = "llmrl.io/run", "llmrl.io/stage", "llmrl.io/role"
-# The "restricted" Pod Security Standard: a non-root uid, the runtime's seccomp profile, no
-# privilege escalation and no capabilities. The container part is always applied, so a pod
-# securityContext overridden in the settings cannot loosen it.
-POD_SECURITY_CONTEXT: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": 10001,
-    "runAsGroup": 10001,
-    "fsGroup": 10001,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-
-
-class PodResources(BaseModel):
-    """CPU cores, memory and GPUs of one pod."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cpus: float = Field(1.0, gt=0, description="CPU cores (requests = limits)")
-    memory_gb: float = Field(4.0, gt=0, description="memory in GiB (requests = limits)")
-    gpus: int = Field(0, ge=0, description="nvidia.com/gpu")
-
-
-class KubernetesSettings(BaseModel):
-    """Where and how stages run on Kubernetes (the ``kubernetes`` pipeline parameter).
-
-    Example::
-
-        KubernetesSettings(namespace="llmrl", image="ghcr.io/org/llmrl:0.1.0",
-                           topology="/etc/llmrl/topology/topology.yaml")
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    namespace: str = Field("llmrl", description="namespace of the stage Jobs and RayJobs")
-    image: str = Field("llmrl:latest", description="the llmrl image of every stage pod")
-    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
-    topology: str | None = Field(
-        None,
-        description="YAML file of an llmrl Topology (or a Helm values file with a `topology` "
-        "section); empty: $LLMRL_TOPOLOGY if that file exists (the work pool mounts the chart's "
-        "topology ConfigMap at /etc/llmrl/topology/topology.yaml), else the Topology defaults",
-    )
-    service_account: str | None = Field(None, description="service account of the stage pods")
-    shared_claim: str | None = Field(
-        "llmrl-shared",
-        description="PersistentVolumeClaim mounted in every stage pod (datasets, checkpoints); "
-        "the pipeline's work_dir must be on it",
-    )
-    shared_mount_path: str = Field("/shared", description="where shared_claim is mounted")
-    ttl_seconds_after_finished: int = Field(
-        3600, ge=0, description="delete finished Jobs (and RayJobs' Ray clusters) after this"
-    )
-    active_deadline_seconds: int | None = Field(
-        None, ge=1, description="fail a stage running longer than this"
-    )
-    delete_on_failure: bool = Field(True, description="delete a failed stage's Job/RayJob")
-    unschedulable_timeout_s: float = Field(
-        600, ge=0, description="fail when a pod stays Unschedulable this long (autoscalers)"
-    )
-    watch_window_s: int = Field(10, ge=1, description="longest wait between pod checks")
-    api_retry_s: float = Field(
-        120, ge=0, description="keep re-watching through API errors this long before giving up"
-    )
-    ray_version: str = Field("2.60.0", description="the image's Ray version")
-    head: PodResources = Field(
-        default_factory=lambda: PodResources(cpus=2, memory_gb=8), description="Ray head pod"
-    )
-    jobs: dict[str, PodResources] = Field(
-        default_factory=lambda: {
-            "prepare": PodResources(cpus=2, memory_gb=8),
-            "eval": PodResources(cpus=8, memory_gb=32, gpus=1),
-        },
-        description="resources of the one-pod stages (prepare, eval)",
-    )
-    security_context: dict[str, Any] = Field(
-        default_factory=lambda: copy.deepcopy(POD_SECURITY_CONTEXT),
-        description="pod securityContext of every stage pod (the image runs as uid 10001); "
-        "each container also gets CONTAINER_SECURITY_CONTEXT, whatever this holds",
-    )
-    shm_fraction: float = Field(
-        0.3, gt=0, le=1, description="/dev/shm of Ray pods, as a share of their memory"
-    )
-    env: dict[str, str] = Field(default_factory=dict, description="extra env of every pod")
-
+LABEL_FLOW_RUN = "llmrl.io/flow-run"
 
 # ------------------------------------------------------------------------ manifests (pure)
 
@@ -156,23 +79,64 @@ def resource_name(name: str) -> str:
     return f"llmrl-{base}-{secrets.token_hex(3)}"
 
 
-def run_labels(name: str, stage: str) -> dict[str, str]:
-    """Labels of every object of one stage run; pods add ``llmrl.io/role``."""
-    return {
+def run_labels(name: str, stage: str, flow_run_id: str | None = None) -> dict[str, str]:
+    """Labels of every object of one stage run; pods add ``llmrl.io/role``.
+
+    ``llmrl.io/flow-run`` (:data:`LABEL_FLOW_RUN`) names the Prefect flow run that launched it,
+    so the flow's cancellation hook can find everything it started.
+    """
+    labels = {
         "app.kubernetes.io/name": "llmrl",
         "app.kubernetes.io/component": stage,
         "app.kubernetes.io/managed-by": "llmrl-flows",
         LABEL_RUN: name,
         LABEL_STAGE: stage,
     }
+    if flow_run_id:
+        labels[LABEL_FLOW_RUN] = flow_run_id
+    return labels
 
 
-def build_config_map(name: str, namespace: str, stage: str, config_text: str) -> dict[str, Any]:
+def object_metadata(
+    name: str, stage: str, settings: KubernetesSettings, flow_run_id: str | None
+) -> dict[str, Any]:
+    """``metadata`` of a stage's Job or RayJob: labels, the Kueue queue, the owner Job."""
+    labels = run_labels(name, stage, flow_run_id)
+    if settings.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = settings.kueue_queue
+    metadata: dict[str, Any] = {"name": name, "namespace": settings.namespace, "labels": labels}
+    if settings.owner_pod is not None:
+        metadata["ownerReferences"] = [owner_reference(settings)]
+    return metadata
+
+
+def owner_reference(settings: KubernetesSettings) -> dict[str, Any]:
+    """The ownerReference to the flow-run pod. ``blockOwnerDeletion`` stays false: setting it
+    would need ``update`` on ``pods/finalizers``, and deleting the flow run must not wait."""
+    owner = settings.owner_pod
+    assert owner is not None
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+
+
+def build_config_map(
+    name: str, namespace: str, stage: str, config_text: str, flow_run_id: str | None = None
+) -> dict[str, Any]:
     """The ConfigMap holding a stage's config file under the key ``<stage>.yaml``."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": namespace, "labels": run_labels(name, stage)},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": run_labels(name, stage, flow_run_id),
+        },
         "data": {f"{stage}.yaml": config_text},
     }
 
@@ -181,6 +145,14 @@ def stage_command(stage: str, overrides: Sequence[str], config_map: str | None) 
     """The command line a stage pod runs: ``llmrl <stage> --config /etc/llmrl/... --set ...``."""
     config = f"{CONFIG_DIR}/{stage}.yaml" if config_map else None
     return ["llmrl", *stage_arguments(stage, config, overrides)]
+
+
+def job_resources(stage: str, settings: KubernetesSettings, topology: Topology) -> PodResources:
+    """The pod resources of a one-pod stage; ``gpus`` None becomes 1 if the topology has GPUs."""
+    resources = settings.jobs.get(stage, PodResources())
+    if resources.gpus is None:
+        resources = resources.model_copy(update={"gpus": 1 if topology.total_gpus else 0})
+    return resources
 
 
 def build_job_manifest(
@@ -192,28 +164,34 @@ def build_job_manifest(
     env: Mapping[str, str] | None = None,
     config_map: str | None = None,
     scheduling: SchedulingSpec | None = None,
+    resources: PodResources | None = None,
+    flow_run_id: str | None = None,
 ) -> dict[str, Any]:
-    """A ``batch/v1`` Job running one stage in one pod (no retries: the flow decides)."""
-    resources = settings.jobs.get(stage, PodResources())
-    labels = run_labels(name, stage)
+    """A ``batch/v1`` Job running one stage in one pod (no retries: the flow decides).
+
+    ``resources`` defaults to ``settings.jobs[stage]`` (GPUs left open count as 0 here; the
+    launcher resolves them from the topology with :func:`job_resources`).
+    """
+    resources = resources or settings.jobs.get(stage, PodResources())
     container = {
         "name": "llmrl",
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": stage_command(stage, overrides, config_map),
-        "env": _env_list({**settings.env, **(env or {})}),
-        "resources": _resources(resources.cpus, resources.memory_gb, resources.gpus),
+        "resources": _resources(resources.cpus, resources.memory_gb, resources.gpus or 0),
     }
-    pod = _pod_spec(settings, [container], config_map, scheduling, shm_gb=None)
+    labels = run_labels(name, stage, flow_run_id)
+    pod = _pod_spec(settings, "job", [container], {**settings.env, **(env or {})}, config_map,
+                    scheduling, shm_gb=None)  # fmt: skip
     pod["restartPolicy"] = "Never"
     spec: dict[str, Any] = {
         "backoffLimit": 0,
         "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-        "template": {"metadata": {"labels": {**labels, LABEL_ROLE: "job"}}, "spec": pod},
+        "template": {"metadata": _pod_metadata(settings, labels, "job"), "spec": pod},
     }
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
-    metadata = {"name": name, "namespace": settings.namespace, "labels": labels}
+    metadata = object_metadata(name, stage, settings, flow_run_id)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
@@ -235,17 +213,20 @@ def build_rayjob_manifest(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     config_map: str | None = None,
+    flow_run_id: str | None = None,
 ) -> dict[str, Any]:
     """A KubeRay ``RayJob`` (ray.io/v1) running one stage on its own Ray cluster.
 
     The driver runs on the trainer group for a stage of :data:`TRAINING_DRIVERS`, else on the
-    head (see the module docstring).
+    head (see the module docstring). ``ttlSecondsAfterFinished`` is 0: KubeRay deletes the Ray
+    cluster, and with it the GPUs, the moment the job ends; the submitter's Job (its log) stays
+    until the RayJob itself is deleted.
     """
-    labels = run_labels(name, stage)
+    labels = run_labels(name, stage, flow_run_id)
     trains = stage in TRAINING_DRIVERS
     all_env = {**settings.env, **(env or {})}
     head_container = {
-        **_ray_container(settings, "ray-head", settings.head, all_env),
+        **_ray_container(settings, "ray-head", settings.head),
         "ports": [
             {"containerPort": 6379, "name": "gcs-server"},
             {"containerPort": 8265, "name": "dashboard"},
@@ -257,34 +238,28 @@ def build_rayjob_manifest(
     head_start = {"num-cpus": head_cpus, **({} if trains else _driver_start_params())}
     head = {
         "rayStartParams": {**head_start, "dashboard-host": "0.0.0.0"},
-        "template": _ray_pod(settings, labels, "head", head_container, config_map, None),
+        "template": _ray_pod(settings, labels, "head", head_container, all_env, config_map, None),
     }
     groups = [
         _worker_group(settings, labels, all_env, config_map, *group)
         for group in _ray_groups(stage, topology)
     ]
-    submitter = {
-        "metadata": {"labels": {**labels, LABEL_ROLE: "driver"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "ray-job-submitter",
-                    "image": settings.image,
-                    "imagePullPolicy": settings.image_pull_policy,
-                    "resources": _resources(0.5, 1.0, 0),
-                    "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
-                }
-            ],
-            **({"securityContext": settings.security_context} if settings.security_context else {}),
-        },
+    submitter_container = {
+        "name": "ray-job-submitter",
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "resources": _resources(0.5, 1.0, 0),
     }
+    submitter_spec = _pod_spec(settings, "driver", [submitter_container], all_env, None, None,
+                               shm_gb=None, mount_shared=False)  # fmt: skip
+    submitter_spec["restartPolicy"] = "Never"
+    submitter = {"metadata": _pod_metadata(settings, labels, "driver"), "spec": submitter_spec}
     if stage in TOPOLOGY_STAGES:  # the stage places exactly the roles this cluster provides
         overrides = [*overrides, topology_override(topology)]
     spec: dict[str, Any] = {
         "entrypoint": shlex.join(stage_command(stage, overrides, config_map)),
         "shutdownAfterJobFinishes": True,
-        "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+        "ttlSecondsAfterFinished": 0,
         "backoffLimit": 0,
         "submissionMode": "K8sJobMode",
         "entrypointNumCpus": DRIVER_CPUS,
@@ -303,8 +278,27 @@ def build_rayjob_manifest(
         spec["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(all_env)}, sort_keys=True)
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
-    metadata = {"name": name, "namespace": settings.namespace, "labels": labels}
+    metadata = object_metadata(name, stage, settings, flow_run_id)
     return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": metadata, "spec": spec}
+
+
+def requested_gpus(manifest: Mapping[str, Any]) -> int:
+    """``nvidia.com/gpu`` a Job or RayJob requests while it runs, over all its pods."""
+    spec = manifest["spec"]
+    if manifest["kind"] == "Job":
+        return _template_gpus(spec["template"])
+    cluster = spec["rayClusterSpec"]
+    total = _template_gpus(cluster["headGroupSpec"]["template"])
+    for group in cluster.get("workerGroupSpecs") or []:
+        total += int(group.get("replicas", 1)) * _template_gpus(group["template"])
+    return total + _template_gpus(spec.get("submitterPodTemplate") or {"spec": {}})
+
+
+def _template_gpus(template: Mapping[str, Any]) -> int:
+    return sum(
+        int(container.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
+        for container in template["spec"].get("containers") or []
+    )
 
 
 def _ray_groups(stage: str, topology: Topology) -> list[tuple[str, int, PodResources, Any, bool]]:
@@ -354,7 +348,7 @@ def _worker_group(
     scheduling: Any,
     driver: bool,
 ) -> dict[str, Any]:
-    container = _ray_container(settings, "ray-worker", resources, env)
+    container = _ray_container(settings, "ray-worker", resources)
     start = _driver_start_params() if driver else {}
     return {
         "groupName": group,
@@ -362,7 +356,7 @@ def _worker_group(
         "minReplicas": replicas,
         "maxReplicas": replicas,
         "rayStartParams": start,
-        "template": _ray_pod(settings, labels, group, container, config_map, scheduling),
+        "template": _ray_pod(settings, labels, group, container, env, config_map, scheduling),
     }
 
 
@@ -373,14 +367,13 @@ def _driver_start_params() -> dict[str, str]:
 
 
 def _ray_container(
-    settings: KubernetesSettings, name: str, resources: PodResources, env: Mapping[str, str]
+    settings: KubernetesSettings, name: str, resources: PodResources
 ) -> dict[str, Any]:
     return {
         "name": name,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "env": _env_list(env),
-        "resources": _resources(resources.cpus, resources.memory_gb, resources.gpus),
+        "resources": _resources(resources.cpus, resources.memory_gb, resources.gpus or 0),
     }
 
 
@@ -389,30 +382,47 @@ def _ray_pod(
     labels: dict[str, str],
     role: str,
     container: dict[str, Any],
+    env: Mapping[str, str],
     config_map: str | None,
     scheduling: Any,
 ) -> dict[str, Any]:
     memory_gb = _memory_gb(container["resources"]["limits"]["memory"])
-    spec = _pod_spec(
-        settings, [container], config_map, scheduling, shm_gb=memory_gb * settings.shm_fraction
-    )
-    return {"metadata": {"labels": {**labels, LABEL_ROLE: role}}, "spec": spec}
+    spec = _pod_spec(settings, role, [container], env, config_map, scheduling,
+                     shm_gb=memory_gb * settings.shm_fraction)  # fmt: skip
+    return {"metadata": _pod_metadata(settings, labels, role), "spec": spec}
+
+
+def _pod_metadata(settings: KubernetesSettings, labels: dict[str, str], role: str) -> dict:
+    """Pod template metadata: the settings' and the role's labels and annotations, then the
+    run's labels (which nothing may override: the launcher finds its pods by them)."""
+    extra = settings.role(role)
+    metadata: dict[str, Any] = {
+        "labels": {**settings.pod_labels, **extra.labels, **labels, LABEL_ROLE: role}
+    }
+    annotations = {**settings.pod_annotations, **extra.annotations}
+    if annotations:
+        metadata["annotations"] = annotations
+    return metadata
 
 
 def _pod_spec(
     settings: KubernetesSettings,
+    role: str,
     containers: list[dict[str, Any]],
+    env: Mapping[str, str],
     config_map: str | None,
     scheduling: Any,
     shm_gb: float | None,
+    mount_shared: bool = True,
 ) -> dict[str, Any]:
-    """Containers with the config, shared and /dev/shm volumes, and the role's scheduling."""
+    """Containers with env, the config, shared and /dev/shm volumes, and the pod-level settings
+    (pull secrets, priority and runtime class, the role's scheduling)."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     if config_map:
         volumes.append({"name": "stage-config", "configMap": {"name": config_map}})
         mounts.append({"name": "stage-config", "mountPath": CONFIG_DIR, "readOnly": True})
-    if settings.shared_claim:
+    if settings.shared_claim and mount_shared:
         claim = {"claimName": settings.shared_claim}
         volumes.append({"name": "shared", "persistentVolumeClaim": claim})
         mounts.append({"name": "shared", "mountPath": settings.shared_mount_path})
@@ -420,8 +430,13 @@ def _pod_spec(
         shm = {"medium": "Memory", "sizeLimit": _memory(shm_gb)}
         volumes.append({"name": "dshm", "emptyDir": shm})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    env_list, env_from = _container_env(settings, role, env)
     for container in containers:
         container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
+        if env_list:
+            container["env"] = copy.deepcopy(env_list)
+        if env_from:
+            container["envFrom"] = copy.deepcopy(env_from)
         if mounts:
             container["volumeMounts"] = list(mounts)
     spec: dict[str, Any] = {"containers": containers}
@@ -431,6 +446,12 @@ def _pod_spec(
         spec["serviceAccountName"] = settings.service_account
     if settings.security_context:
         spec["securityContext"] = dict(settings.security_context)
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": secret} for secret in settings.image_pull_secrets]
+    if settings.priority_class_name:
+        spec["priorityClassName"] = settings.priority_class_name
+    if settings.runtime_class_name:
+        spec["runtimeClassName"] = settings.runtime_class_name
     if scheduling is not None:
         if scheduling.node_selector:
             spec["nodeSelector"] = dict(scheduling.node_selector)
@@ -439,6 +460,24 @@ def _pod_spec(
         if scheduling.affinity:
             spec["affinity"] = dict(scheduling.affinity)
     return spec
+
+
+def _container_env(
+    settings: KubernetesSettings, role: str, env: Mapping[str, str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``env`` and ``envFrom`` of a role's container: the run's variables, HF_TOKEN from its
+    Secret, then the role's own entries (a later entry of the same name wins, as in Kubernetes)."""
+    entries: dict[str, dict[str, Any]] = {
+        key: {"name": key, "value": str(value)} for key, value in sorted(env.items())
+    }
+    if settings.hf_token_secret is not None:
+        secret = settings.hf_token_secret
+        ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
+        entries["HF_TOKEN"] = {"name": "HF_TOKEN", "valueFrom": ref}
+    extra = settings.role(role)
+    for entry in extra.env:
+        entries[entry["name"]] = dict(entry)
+    return list(entries.values()), [*settings.env_from, *extra.env_from]
 
 
 def _resources(cpus: float, memory_gb: float, gpus: int) -> dict[str, Any]:
@@ -457,7 +496,3 @@ def _memory(gb: float) -> str:
 
 def _memory_gb(quantity: str) -> float:
     return float(quantity[:-2]) / (1024 if quantity.endswith("Mi") else 1)
-
-
-def _env_list(env: Mapping[str, str]) -> list[dict[str, str]]:
-    return [{"name": key, "value": str(value)} for key, value in sorted(env.items())]

@@ -18,6 +18,11 @@ from pydantic import Field, model_validator
 from llmrl.config.loading import ConfigModel
 from llmrl.topology.spec import Topology
 
+PREFECT_VERSION = "3.8.8"
+"""The Prefect release llmrl is built and tested with (prefect.yaml's prefect-version)."""
+MLFLOW_VERSION = "3.17.2"
+"""The MLflow release of llmrl's client; the chart's server runs the same."""
+
 Quantity = str | float
 PullPolicy = Literal["IfNotPresent", "Always", "Never"]
 
@@ -94,28 +99,105 @@ class SchedulingValues(ConfigModel):
     affinity: dict[str, Any] = Field(default_factory=dict, description="affinity")
 
 
+class PodExtrasValues(ConfigModel):
+    """Extra env, envFrom, labels and annotations of one kind of pod."""
+
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes EnvVar objects ({name, value|valueFrom})"
+    )
+    envFrom: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes EnvFromSource objects (secretRef, ...)"
+    )
+    podLabels: dict[str, str] = Field(default_factory=dict, description="pod labels")
+    podAnnotations: dict[str, str] = Field(default_factory=dict, description="pod annotations")
+
+
+class StageRolesValues(ConfigModel):
+    """Per-role additions to the stage pods (merged after ``stagePods.env``/``envFrom``)."""
+
+    job: PodExtrasValues = Field(default_factory=PodExtrasValues, description="prepare/eval pod")
+    driver: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="a RayJob's submitter pod"
+    )
+    head: PodExtrasValues = Field(default_factory=PodExtrasValues, description="Ray head pods")
+    inference: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="inference engine pods"
+    )
+    trainer: PodExtrasValues = Field(default_factory=PodExtrasValues, description="trainer pod")
+    colocated: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="the colocated engines+trainer pod"
+    )
+    reference: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="dedicated reference pod"
+    )
+    envWorkers: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="environment worker pods"
+    )
+
+
+class JobPodValues(ConfigModel):
+    """Resources of a one-pod stage (prepare, eval)."""
+
+    cpus: float = Field(gt=0, description="CPU cores")
+    memoryGb: float = Field(gt=0, description="memory in GiB")
+    gpus: int | None = Field(
+        None, ge=0, description="GPUs; null = 1 when the topology has GPUs, else 0"
+    )
+
+
 class RayHeadValues(ConfigModel):
-    """The Ray head pod: CPU only (``num-cpus: 0``), so no work is scheduled on it."""
+    """The Ray head pod of each stage's cluster: CPU only."""
 
     cpus: float = Field(2, gt=0, description="CPU cores of the head pod")
     memoryGb: float = Field(8, gt=0, description="memory of the head pod, in GiB")
-    serviceType: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
-        "ClusterIP", description="type of the head service"
-    )
-    scheduling: SchedulingValues = Field(
-        default_factory=SchedulingValues, description="scheduling of the head pod"
-    )
 
 
-class RayClusterValues(ConfigModel):
-    """The long-lived KubeRay RayCluster that RayJobs of the pipeline run on."""
+class StagePodsValues(ConfigModel):
+    """The pods of the stages the pipeline launches: a Job per one-pod stage, a RayJob (its own
+    Ray cluster, gone when the stage ends) per Ray stage. The chart renders these values into
+    ``kubernetes.yaml`` of its ConfigMap, which the flow-run pod's launcher starts from."""
 
-    enabled: bool = Field(True, description="render the RayCluster")
     rayVersion: str = Field("2.60.0", description="Ray version of the image (KubeRay uses it)")
     shmFraction: float = Field(
-        0.3, gt=0, le=1, description="size of each pod's /dev/shm, as a share of its memory"
+        0.3, gt=0, le=1, description="size of each Ray pod's /dev/shm, as a share of its memory"
     )
-    head: RayHeadValues = Field(default_factory=RayHeadValues, description="the head pod")
+    head: RayHeadValues = Field(default_factory=RayHeadValues, description="Ray head pods")
+    jobs: dict[Literal["prepare", "eval"], JobPodValues] = Field(
+        default_factory=lambda: {
+            "prepare": JobPodValues(cpus=2, memoryGb=8, gpus=0),
+            "eval": JobPodValues(cpus=8, memoryGb=32, gpus=None),
+        },
+        description="resources of the one-pod stages",
+    )
+    ttlSecondsAfterFinished: int = Field(
+        3600, ge=0, description="delete finished stage Jobs after this (RayJobs: at once)"
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="EnvVar objects of every stage container"
+    )
+    envFrom: list[dict[str, Any]] = Field(
+        default_factory=list, description="EnvFromSource objects of every stage container"
+    )
+    roles: StageRolesValues = Field(
+        default_factory=StageRolesValues, description="per-role env, envFrom, labels, annotations"
+    )
+
+
+class HuggingFaceValues(ConfigModel):
+    """Hugging Face Hub access of the stage pods."""
+
+    tokenSecret: SecretKeyRef = Field(
+        default_factory=SecretKeyRef,
+        description="existing Secret key given to every stage container as HF_TOKEN",
+    )
+
+
+class KueueValues(ConfigModel):
+    """Kueue admission of the stages (optional)."""
+
+    queueName: str = Field(
+        "", description="LocalQueue: label kueue.x-k8s.io/queue-name on every stage Job/RayJob"
+    )
 
 
 class PrefectWorkerValues(ConfigModel):
@@ -124,7 +206,7 @@ class PrefectWorkerValues(ConfigModel):
     enabled: bool = Field(True, description="deploy the worker")
     image: ImageSpec = Field(
         default_factory=lambda: ImageSpec(
-            repository="prefecthq/prefect", tag="3-python3.11-kubernetes"
+            repository="prefecthq/prefect", tag=f"{PREFECT_VERSION}-python3.11-kubernetes"
         ),
         description="image with prefect and prefect-kubernetes",
     )
@@ -137,6 +219,12 @@ class PrefectWorkerValues(ConfigModel):
     )
     apiKey: SecretKeyRef = Field(
         default_factory=SecretKeyRef, description="PREFECT_API_KEY from a Secret (Prefect Cloud)"
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="extra EnvVar objects of the container"
+    )
+    envFrom: list[dict[str, Any]] = Field(
+        default_factory=list, description="EnvFromSource objects of the container"
     )
     resources: Resources = Field(
         default_factory=lambda: Resources(
@@ -152,7 +240,9 @@ class PrefectServerValues(ConfigModel):
 
     enabled: bool = Field(False, description="deploy a Prefect server")
     image: ImageSpec = Field(
-        default_factory=lambda: ImageSpec(repository="prefecthq/prefect", tag="3-python3.11"),
+        default_factory=lambda: ImageSpec(
+            repository="prefecthq/prefect", tag=f"{PREFECT_VERSION}-python3.11"
+        ),
         description="Prefect image",
     )
     port: int = Field(4200, ge=1, le=65535, description="port of the server and its Service")
@@ -162,6 +252,12 @@ class PrefectServerValues(ConfigModel):
             "PREFECT_API_DATABASE_CONNECTION_URL from a Secret; empty = SQLite on an emptyDir "
             "(lost when the pod restarts)"
         ),
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="extra EnvVar objects of the container"
+    )
+    envFrom: list[dict[str, Any]] = Field(
+        default_factory=list, description="EnvFromSource objects of the container"
     )
     resources: Resources = Field(
         default_factory=lambda: Resources(
@@ -219,8 +315,11 @@ class MlflowValues(ConfigModel):
     enabled: bool = Field(True, description="deploy an MLflow server")
     externalUri: str = Field("", description="tracking URI of an external server when disabled")
     image: ImageSpec = Field(
-        default_factory=lambda: ImageSpec(repository="ghcr.io/mlflow/mlflow", tag="v3.1.0"),
-        description="image with mlflow, psycopg2 and boto3",
+        default_factory=lambda: ImageSpec(
+            repository="ghcr.io/llmrl/llmrl-mlflow", tag=MLFLOW_VERSION
+        ),
+        description="MLflow server image with psycopg2 and boto3 (the Dockerfile's mlflow "
+        "target), at the MLflow version of llmrl's client",
     )
     port: int = Field(5000, ge=1, le=65535, description="port of the server and its Service")
     backendStore: SecretKeyRef = Field(
@@ -229,6 +328,12 @@ class MlflowValues(ConfigModel):
     )
     artifacts: MlflowArtifactsValues = Field(
         default_factory=MlflowArtifactsValues, description="artifact store"
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, description="extra EnvVar objects of the container"
+    )
+    envFrom: list[dict[str, Any]] = Field(
+        default_factory=list, description="EnvFromSource objects of the container"
     )
     resources: Resources = Field(
         default_factory=lambda: Resources(
@@ -264,7 +369,7 @@ class ChartValues(ConfigModel):
         description="the llmrl image (Ray pods and flow runs)",
     )
     imagePullSecrets: list[dict[str, str]] = Field(
-        default_factory=list, description="pull secrets, [{name: ...}]"
+        default_factory=list, description="pull secrets of every pod, [{name: ...}]"
     )
     podSecurity: PodSecurityValues = Field(
         default_factory=PodSecurityValues, description="uid/gid of every pod"
@@ -276,8 +381,20 @@ class ChartValues(ConfigModel):
     storage: StorageValues = Field(
         default_factory=StorageValues, description="shared checkpoint volume"
     )
-    rayCluster: RayClusterValues = Field(
-        default_factory=RayClusterValues, description="the KubeRay RayCluster"
+    podLabels: dict[str, str] = Field(
+        default_factory=dict, description="labels of every pod (chart and stage pods)"
+    )
+    podAnnotations: dict[str, str] = Field(
+        default_factory=dict, description="annotations of every pod (chart and stage pods)"
+    )
+    priorityClassName: str = Field("", description="priorityClassName of every pod; empty = none")
+    runtimeClassName: str = Field("", description="runtimeClassName of every pod; empty = none")
+    huggingFace: HuggingFaceValues = Field(
+        default_factory=HuggingFaceValues, description="Hugging Face token"
+    )
+    kueue: KueueValues = Field(default_factory=KueueValues, description="Kueue queue")
+    stagePods: StagePodsValues = Field(
+        default_factory=StagePodsValues, description="pods of the stages the pipeline launches"
     )
     prefect: PrefectValues = Field(default_factory=PrefectValues, description="Prefect")
     mlflow: MlflowValues = Field(default_factory=MlflowValues, description="MLflow")

@@ -24,6 +24,7 @@ from flows.launchers.manifests import (
     build_config_map,
     build_job_manifest,
     build_rayjob_manifest,
+    job_resources,
     resource_name,
     topology_override,
 )
@@ -132,6 +133,7 @@ def test_job_manifests_are_valid(stage: str, with_config: bool) -> None:
         env=ENV,
         config_map=name if with_config else None,
         scheduling=topology.trainer.scheduling if stage == "eval" else CPU_NODES,
+        resources=job_resources(stage, SETTINGS, topology),
     )
     _valid(job)
     spec = job["spec"]
@@ -188,7 +190,8 @@ def test_rayjob_layout_follows_the_topology() -> None:
                                    config_map="llmrl-grpo-0a1b2c")  # fmt: skip
     spec = rayjob["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
-    assert spec["ttlSecondsAfterFinished"] == SETTINGS.ttl_seconds_after_finished
+    # The Ray cluster (and its GPUs) goes the moment the job ends; the Job TTL is for Jobs.
+    assert spec["ttlSecondsAfterFinished"] == 0 != SETTINGS.ttl_seconds_after_finished
     assert spec["activeDeadlineSeconds"] == 86400
     assert shlex.split(spec["entrypoint"]) == [
         "llmrl", "grpo", "--config", "/etc/llmrl/grpo.yaml", "--no-progress",

@@ -22,6 +22,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from flows.launchers.manifests import (
+    RAY_STAGES,
+    build_job_manifest,
+    build_rayjob_manifest,
+    job_resources,
+    requested_gpus,
+)
+from flows.launchers.settings import KubernetesSettings
 from llmrl.topology import Topology
 from llmrl.topology.chart_values import ChartValues
 from tests.topology.test_spec import INVALID as SPEC_INVALID
@@ -102,22 +110,45 @@ def of_kind(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def pod_specs(item: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, pod spec) of each pod an object creates."""
+    """(where, pod spec) of each pod an object creates (the chart's pods are Deployments')."""
     if item["kind"] == "Deployment":
         yield item["metadata"]["name"], item["spec"]["template"]["spec"]
-    elif item["kind"] == "RayCluster":
-        yield "head", item["spec"]["headGroupSpec"]["template"]["spec"]
-        for group in item["spec"].get("workerGroupSpecs", []):
-            yield group["groupName"], group["template"]["spec"]
 
 
 def merged_values(chart, values: dict[str, Any]) -> ChartValues:
     return ChartValues.model_validate(chart.merge_values(values))
 
 
-def worker_groups(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    (cluster,) = of_kind(items, "RayCluster")
-    return {group["groupName"]: group for group in cluster["spec"]["workerGroupSpecs"]}
+def stage_inputs(items: list[dict[str, Any]]) -> tuple[KubernetesSettings, Topology]:
+    """The stage pods' settings and the topology, as the flow-run pod reads them from the
+    chart's ConfigMap."""
+    (config,) = of_kind(items, "ConfigMap")
+    settings = KubernetesSettings.model_validate(yaml.safe_load(config["data"]["kubernetes.yaml"]))
+    topology = Topology.model_validate(yaml.safe_load(config["data"]["topology.yaml"]))
+    return settings, topology
+
+
+def stage_manifests(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Job or RayJob the launcher builds for each stage from a chart release's settings."""
+    settings, topology = stage_inputs(items)
+    built = {}
+    for stage in ("prepare", "sft", "grpo", "eval"):
+        name = f"llmrl-{stage}-0a1b2c"
+        if stage in RAY_STAGES:
+            built[stage] = build_rayjob_manifest(stage, name, settings, topology, config_map=name)
+        else:
+            resources = job_resources(stage, settings, topology)
+            built[stage] = build_job_manifest(stage, name, settings, resources=resources)
+    return built
+
+
+def gpus_of(item: dict[str, Any]) -> int:
+    """nvidia.com/gpu requested by every container of a chart object's pods."""
+    total = 0
+    for _, spec in pod_specs(item):
+        for container in spec["containers"]:
+            total += int(container["resources"]["requests"].get("nvidia.com/gpu", 0))
+    return total
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -178,22 +209,24 @@ def test_every_container_is_bounded_and_locked_down(name, rendered):
                 assert tmp and tmp[0]["name"] in writable, f"{label}: /tmp must be an emptyDir"
 
 
-def test_ray_pods_have_memory_backed_shm_and_the_shared_claim(rendered):
+def test_stage_ray_pods_have_memory_backed_shm_and_the_shared_claim(rendered):
     items = rendered("default")
-    for _, spec in pod_specs(of_kind(items, "RayCluster")[0]):
-        volumes = {v["name"]: v for v in spec["volumes"]}
+    rayjob = stage_manifests(items)["grpo"]
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["workerGroupSpecs"]]
+    for template in templates:
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
         assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
         assert volumes["shared"]["persistentVolumeClaim"]["claimName"] == "llmrl-shared"
-        mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-        assert {"/dev/shm", "/shared", "/etc/llmrl/topology", "/tmp"} <= mounts
+        mounts = {m["mountPath"] for m in template["spec"]["containers"][0]["volumeMounts"]}
+        assert {"/dev/shm", "/shared", "/etc/llmrl"} <= mounts
     (claim,) = of_kind(items, "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     everything_on = rendered("everything-on")
     assert of_kind(everything_on, "PersistentVolumeClaim") == []
-    spec = next(pod_specs(of_kind(everything_on, "RayCluster")[0]))[1]
-    assert {v["name"]: v for v in spec["volumes"]}["shared"]["persistentVolumeClaim"] == {
-        "claimName": "llmrl-shared"
-    }
+    settings, _ = stage_inputs(everything_on)
+    assert settings.shared_claim == "llmrl-shared"
 
 
 SENSITIVE_KEY = re.compile(r"password|passwd|token|secret|credential|apikey|api_key", re.I)
@@ -275,47 +308,36 @@ def test_rbac_is_namespaced_and_least_privilege(name, rendered):
     ]
 
 
-def _gpus(group: dict[str, Any]) -> tuple[int | None, int | None]:
-    resources = group["template"]["spec"]["containers"][0]["resources"]
-    return resources["requests"].get("nvidia.com/gpu"), resources["limits"].get("nvidia.com/gpu")
-
-
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_worker_groups_follow_the_topology(chart, name, rendered):
-    values = VALUE_SETS[name]
-    topology = merged_values(chart, values).topology
+def test_gpus_requested_never_exceed_the_topology(chart, name, rendered):
+    """One owner of the GPUs: the chart runs no Ray cluster and no GPU pod; the stages run one
+    at a time, each on its own Ray cluster or pod. At any moment the release asks for the
+    chart's GPUs (0) plus the running stage's, which must fit the topology's."""
     items = rendered(name)
-    groups = worker_groups(items)
-    (cluster,) = of_kind(items, "RayCluster")
-    head = cluster["spec"]["headGroupSpec"]
-    assert head["rayStartParams"]["num-cpus"] == "0"
-    assert "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"]["limits"]
-    inference = topology.inference
-    if topology.colocated:
-        assert "inference" not in groups and "trainer" not in groups
-        assert _gpus(groups["colocated"]) == (topology.trainer.gpus,) * 2
-    else:
-        group = groups["inference"]
-        assert (
-            group["replicas"] == group["minReplicas"] == group["maxReplicas"] == inference.engines
-        )
-        expected = inference.engine_gpus or None
-        assert _gpus(group) == (expected, expected), "vllm: one GPU per tensor-parallel rank"
-        assert _gpus(groups["trainer"]) == (topology.trainer.gpus or None,) * 2
-    if topology.reference.placement == "dedicated":
-        assert _gpus(groups["reference"]) == (topology.reference.gpus,) * 2
-    else:
-        assert "reference" not in groups
-    if topology.env_workers.count:
-        assert groups["env-workers"]["replicas"] == topology.env_workers.count
-        assert _gpus(groups["env-workers"]) == (None, None)
-    scheduling = (
-        topology.inference.scheduling if not topology.colocated else topology.trainer.scheduling
+    topology = merged_values(chart, VALUE_SETS[name]).topology
+    assert of_kind(items, "RayCluster") == []
+    assert sum(gpus_of(item) for item in items) == 0
+    built = stage_manifests(items)
+    for stage, manifest in built.items():
+        assert requested_gpus(manifest) <= topology.total_gpus, stage
+    # Each GPU of the topology is requested exactly once by the GRPO stage's Ray cluster; SFT
+    # trains on the trainer's GPUs only; eval takes one GPU when there are any.
+    assert requested_gpus(built["grpo"]) == topology.total_gpus
+    assert requested_gpus(built["sft"]) == topology.trainer.gpus
+    assert requested_gpus(built["eval"]) == min(1, topology.total_gpus)
+    assert requested_gpus(built["prepare"]) == 0
+
+
+def test_gpu_count_counts_every_replica():
+    """The measure above is not vacuous: 2 engines x TP 2 + 4 trainer GPUs = 8."""
+    topology = Topology.model_validate(
+        {
+            "inference": {"backend": "vllm", "engines": 2, "tensor_parallel_size": 2},
+            "trainer": {"gpus": 4, "strategy": "fsdp"},
+        }
     )
-    spec = groups["colocated" if topology.colocated else "inference"]["template"]["spec"]
-    assert spec.get("nodeSelector", {}) == scheduling.node_selector
-    assert spec.get("tolerations", []) == scheduling.tolerations
-    assert spec.get("affinity", {}) == scheduling.affinity
+    rayjob = build_rayjob_manifest("grpo", "g", KubernetesSettings(), topology)
+    assert requested_gpus(rayjob) == topology.total_gpus == 8
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -327,6 +349,9 @@ def test_topology_configmap_parses_back(chart, name, rendered):
     expected = merged_values(chart, values).topology
     assert parsed.inference.gpus_per_engine == expected.inference.engine_gpus
     assert parsed.model_copy(update={"inference": expected.inference}) == expected
+    settings = KubernetesSettings.model_validate(yaml.safe_load(config["data"]["kubernetes.yaml"]))
+    assert settings.namespace == NAMESPACE and settings.shared_claim.endswith("shared")
+    assert settings.topology == "/etc/llmrl/topology/topology.yaml"
     stages = yaml.safe_load(config["data"]["stages.yaml"])
     assert stages["shared_dir"] == "/shared"
     assert set(stages["stages"]) == {"prepare", "sft", "grpo", "evaluate"}
@@ -488,12 +513,13 @@ def test_cpu_ddp_example_runs_two_cpu_ranks_in_one_trainer_pod(chart, rendered):
     assert topology.total_gpus == 0
     assert (topology.trainer.strategy, topology.trainer.world_size) == ("ddp", 2)
     assert topology.inference.backend == "transformers" and topology.env_workers.count == 2
-    groups = worker_groups(rendered("cpu-ddp"))
+    rayjob = stage_manifests(rendered("cpu-ddp"))["grpo"]
+    groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
     trainer = groups["trainer"]
     assert trainer["replicas"] == 1
     limits = trainer["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["cpu"] == "2000m" and "nvidia.com/gpu" not in limits
-    assert all(_gpus(group) == (None, None) for group in groups.values())
+    assert limits["cpu"] == "2" and "nvidia.com/gpu" not in limits
+    assert requested_gpus(rayjob) == 0
 
 
 def test_mlflow_uses_existing_secrets_or_an_external_server(chart, rendered):
@@ -514,16 +540,107 @@ def test_mlflow_uses_existing_secrets_or_an_external_server(chart, rendered):
     assert [s["metadata"]["name"] for s in of_kind(items, "Service")] == ["llmrl-mlflow"]
     external = rendered("external-mlflow")
     assert "llmrl-mlflow" not in {d["metadata"]["name"] for d in of_kind(external, "Deployment")}
-    ray_env = _head_env(external)
-    assert ray_env["MLFLOW_TRACKING_URI"] == "https://mlflow.example.com"
+    (config,) = of_kind(external, "ConfigMap")
+    stages = yaml.safe_load(config["data"]["stages.yaml"])
+    assert stages["mlflow_tracking_uri"] == "https://mlflow.example.com"
     with pytest.raises(helm.HelmError, match=r"mlflow\.externalUri"):
         render(chart, {"mlflow": {"enabled": False}})
 
 
-def _head_env(items: list[dict[str, Any]]) -> dict[str, str]:
-    (cluster,) = of_kind(items, "RayCluster")
-    container = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e.get("value") for e in container["env"]}
+def test_servers_run_the_versions_llmrl_uses(rendered):
+    """The MLflow server runs the client's MLflow (with a Postgres driver: the Dockerfile's
+    mlflow target); the Prefect worker and server the Prefect of prefect.yaml."""
+    import mlflow
+    import prefect
+
+    items = rendered("everything-on")
+    images = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+        for d in of_kind(items, "Deployment")
+    }
+    assert images["llmrl-mlflow"] == f"ghcr.io/llmrl/llmrl-mlflow:{mlflow.__version__}"
+    project = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    assert project["prefect-version"] == prefect.__version__
+    assert (
+        images["llmrl-prefect-worker"]
+        == f"prefecthq/prefect:{prefect.__version__}-python3.11-kubernetes"
+    )
+    assert images["llmrl-prefect-server"] == f"prefecthq/prefect:{prefect.__version__}-python3.11"
+
+
+PLATFORM_VALUES: dict[str, Any] = {
+    "podLabels": {"team": "rl"},
+    "podAnnotations": {"cost-center": "42"},
+    "priorityClassName": "gpu-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "huggingFace": {"tokenSecret": {"name": "hf", "key": "token"}},
+    "kueue": {"queueName": "gpu-queue"},
+    "stagePods": {
+        "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+        "envFrom": [{"secretRef": {"name": "s3"}}],
+        "roles": {
+            "trainer": {
+                "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                "podLabels": {"role": "trainer"},
+            },
+            "envWorkers": {"podAnnotations": {"sandbox": "gvisor"}},
+        },
+    },
+    "mlflow": {"env": [{"name": "GUNICORN_CMD_ARGS", "value": "--timeout 120"}]},
+    "prefect": {"worker": {"envFrom": [{"configMapRef": {"name": "proxy"}}]}},
+}
+
+
+def test_platform_values_reach_chart_pods(chart):
+    items = objects(render(chart, copy.deepcopy(PLATFORM_VALUES)))
+    for item in items:
+        kubernetes_validate.validate(item, K8S_VERSION, strict=True)
+    deployments = {
+        d["metadata"]["name"]: d["spec"]["template"] for d in of_kind(items, "Deployment")
+    }
+    for name, template in deployments.items():
+        assert template["metadata"]["labels"]["team"] == "rl", name
+        assert template["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llmrl", name
+        assert template["metadata"]["annotations"] == {"cost-center": "42"}, name
+        spec = template["spec"]
+        assert (spec["priorityClassName"], spec["runtimeClassName"]) == ("gpu-high", "nvidia")
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}], name
+    mlflow_env = deployments["llmrl-mlflow"]["spec"]["containers"][0]["env"]
+    assert {"name": "GUNICORN_CMD_ARGS", "value": "--timeout 120"} in mlflow_env
+    worker = deployments["llmrl-prefect-worker"]["spec"]["containers"][0]
+    assert worker["envFrom"] == [{"configMapRef": {"name": "proxy"}}]
+
+
+def test_platform_values_reach_stage_pods(chart):
+    """The chart's values reach the Jobs and RayJobs the launcher builds, role by role."""
+    items = objects(render(chart, copy.deepcopy(PLATFORM_VALUES)))
+    built = stage_manifests(items)
+    for stage, manifest in built.items():
+        assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue", stage
+    grpo = built["grpo"]["spec"]
+    cluster = grpo["rayClusterSpec"]
+    templates = {g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]}
+    templates["head"] = cluster["headGroupSpec"]["template"]
+    templates["driver"] = grpo["submitterPodTemplate"]
+    templates["job"] = built["eval"]["spec"]["template"]
+    for role, template in templates.items():
+        spec, labels = template["spec"], template["metadata"]["labels"]
+        assert labels["team"] == "rl" and labels["llmrl.io/role"] == role, role
+        assert (spec["priorityClassName"], spec["runtimeClassName"]) == ("gpu-high", "nvidia")
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}], role
+        container = spec["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+        expected = "INFO" if role == "trainer" else "WARN"
+        assert env["NCCL_DEBUG"]["value"] == expected, role
+        assert container["envFrom"] == [{"secretRef": {"name": "s3"}}], role
+    assert templates["trainer"]["metadata"]["labels"]["role"] == "trainer"
+    assert "role" not in templates["inference"]["metadata"]["labels"]
+    assert templates["env-workers"]["metadata"]["annotations"] == {
+        "cost-center": "42",
+        "sandbox": "gvisor",
+    }
 
 
 def test_prefect_worker_and_optional_server(chart, rendered):
@@ -572,9 +689,9 @@ def test_notes_explain_access_and_how_to_run(chart):
     params = json.loads(line.split("params=", 1)[1].strip("'"))
     assert params["launcher"] == "kubernetes"
     assert params["work_dir"].startswith("/shared/")
-    assert params["kubernetes"]["topology"] == "/etc/llmrl/topology/topology.yaml"
-    assert params["kubernetes"]["shared_claim"] == "llmrl-shared"
-    assert params["kubernetes"]["service_account"] == "llmrl"
+    # The stage pods' settings are the release's, from kubernetes.yaml in its ConfigMap.
+    assert "kubernetes" not in params
+    assert "settings (key kubernetes.yaml)" in notes
     assert params["mlflow_tracking_uri"] == "http://llmrl-mlflow.llmrl.svc:5000"
     assert "trainer 1 rank(s) on 1 GPU(s) (single)" in notes
     cpu_ddp = render(chart, copy.deepcopy(VALUE_SETS["cpu-ddp"]))["llmrl/templates/NOTES.txt"]

@@ -81,12 +81,10 @@ def test_chart_pods_meet_the_restricted_standard(chart, values: str) -> None:
     items = objects(chart.render(VALUE_SETS[values], name="llmrl", namespace=NAMESPACE))
     count, violations = restricted_report(items)
     assert violations == []
-    clusters = [item for item in items if item["kind"] == "RayCluster"]
     deployments = [item for item in items if item["kind"] == "Deployment"]
-    expected = len(deployments) + sum(
-        1 + len(c["spec"]["workerGroupSpecs"]) for c in clusters
-    )  # one pod spec per Deployment, per Ray head and per worker group
-    assert count == expected and clusters and deployments
+    # One pod spec per Deployment; the chart runs no Ray cluster (stages bring their own,
+    # checked by the launcher test below).
+    assert count == len(deployments) and deployments
 
 
 @pytest.mark.parametrize("settings", LAUNCHER_SETTINGS)

@@ -51,10 +51,6 @@ helm.sh/chart: {{ include "llmrl.chart" .ctx }}
 {{- default (printf "%s-shared" (include "llmrl.fullname" .)) .Values.storage.existingClaim }}
 {{- end }}
 
-{{- define "llmrl.rayClusterName" -}}
-{{- printf "%s-ray" (include "llmrl.fullname" .) | trunc 40 | trimSuffix "-" }}
-{{- end }}
-
 {{- define "llmrl.configMapName" -}}
 {{- printf "%s-topology" (include "llmrl.fullname" .) }}
 {{- end }}
@@ -82,11 +78,78 @@ helm.sh/chart: {{ include "llmrl.chart" .ctx }}
 {{- end }}
 {{- end }}
 
-{{/* The pipeline's `params` for a Kubernetes run on this release, as one-line JSON (NOTES). */}}
+{{/* The pipeline's `params` for a Kubernetes run on this release, as one-line JSON (NOTES).
+The stage pods' settings come from kubernetes.yaml in the topology ConfigMap. */}}
 {{- define "llmrl.runParams" -}}
-{{- $k8s := dict "namespace" .Release.Namespace "image" (include "llmrl.image" (dict "ctx" . "image" .Values.image)) "topology" "/etc/llmrl/topology/topology.yaml" "service_account" (include "llmrl.serviceAccountName" .) "shared_claim" (include "llmrl.claimName" .) "shared_mount_path" .Values.storage.mountPath "ray_version" .Values.rayCluster.rayVersion }}
-{{- $params := dict "launcher" "kubernetes" "work_dir" (printf "%s/runs/pipeline" .Values.storage.mountPath) "mlflow_tracking_uri" (include "llmrl.mlflowUri" .) "kubernetes" $k8s }}
+{{- $params := dict "launcher" "kubernetes" "work_dir" (printf "%s/runs/pipeline" .Values.storage.mountPath) "mlflow_tracking_uri" (include "llmrl.mlflowUri" .) }}
 {{- toJson $params }}
+{{- end }}
+
+{{/* Pod template metadata of a chart pod: its labels, then podLabels/podAnnotations (the
+chart's own labels win: Deployments select pods by them). Call with (dict "ctx" $ "component" c). */}}
+{{- define "llmrl.podMetadata" -}}
+{{- $labels := merge (fromYaml (include "llmrl.labels" .)) (.ctx.Values.podLabels | default dict) }}
+labels:
+  {{- toYaml $labels | nindent 2 }}
+{{- with .ctx.Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Pod spec fields every pod of the chart shares: pull secrets, priority and runtime class. */}}
+{{- define "llmrl.podSpecExtras" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The stage pods' launcher settings (flows.launchers.settings.KubernetesSettings), rendered
+into kubernetes.yaml of the topology ConfigMap: every stage Job and RayJob of this release is
+built from them. Each stage brings its own Ray cluster (a RayJob); the chart holds none.
+*/}}
+{{- define "llmrl.stageSettings" -}}
+{{- $p := .Values.stagePods }}
+{{- $roles := dict }}
+{{- range $key := list "job" "driver" "head" "inference" "trainer" "colocated" "reference" "envWorkers" }}
+{{- $role := get ($p.roles | default dict) $key | default dict }}
+{{- $name := ternary "env-workers" $key (eq $key "envWorkers") }}
+{{- $env := concat ($p.env | default list) ($role.env | default list) }}
+{{- $envFrom := concat ($p.envFrom | default list) ($role.envFrom | default list) }}
+{{- $r := dict }}
+{{- if $env }}{{ $_ := set $r "env" $env }}{{ end }}
+{{- if $envFrom }}{{ $_ := set $r "env_from" $envFrom }}{{ end }}
+{{- with $role.podLabels }}{{ $_ := set $r "labels" . }}{{ end }}
+{{- with $role.podAnnotations }}{{ $_ := set $r "annotations" . }}{{ end }}
+{{- if $r }}{{ $_ := set $roles $name $r }}{{ end }}
+{{- end }}
+{{- $jobs := dict }}
+{{- range $stage, $job := $p.jobs }}
+{{- $_ := set $jobs $stage (dict "cpus" $job.cpus "memory_gb" $job.memoryGb "gpus" $job.gpus) }}
+{{- end }}
+{{- $secrets := list }}
+{{- range .Values.imagePullSecrets }}
+{{- $secrets = append $secrets .name }}
+{{- end }}
+{{- $security := dict "runAsNonRoot" true "runAsUser" (int .Values.podSecurity.runAsUser) "runAsGroup" (int .Values.podSecurity.runAsGroup) "fsGroup" (int .Values.podSecurity.fsGroup) "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- $s := dict "namespace" .Release.Namespace "image" (include "llmrl.image" (dict "ctx" . "image" .Values.image)) "image_pull_policy" .Values.image.pullPolicy "image_pull_secrets" $secrets "topology" "/etc/llmrl/topology/topology.yaml" "shared_claim" (include "llmrl.claimName" .) "shared_mount_path" .Values.storage.mountPath "ttl_seconds_after_finished" (int $p.ttlSecondsAfterFinished) "ray_version" $p.rayVersion "head" (dict "cpus" $p.head.cpus "memory_gb" $p.head.memoryGb) "jobs" $jobs "shm_fraction" $p.shmFraction "security_context" $security "pod_labels" (.Values.podLabels | default dict) "pod_annotations" (.Values.podAnnotations | default dict) "roles" $roles }}
+{{- with .Values.priorityClassName }}{{ $_ := set $s "priority_class_name" . }}{{ end }}
+{{- with .Values.runtimeClassName }}{{ $_ := set $s "runtime_class_name" . }}{{ end }}
+{{- with .Values.kueue.queueName }}{{ $_ := set $s "kueue_queue" . }}{{ end }}
+{{- with .Values.huggingFace.tokenSecret }}
+{{- if .name }}
+{{- $_ := set $s "hf_token_secret" (dict "name" .name "key" (required "huggingFace.tokenSecret.key: the key of the token inside the Secret is required" .key)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $s }}
 {{- end }}
 
 {{/* Pod-level security context of every pod. */}}
@@ -201,91 +264,4 @@ cannot judge (or one installed with --skip-schema-validation) fails with the sam
 {{- fail "topology.inference.gpu_memory_utilization: colocated engines share their GPUs with the trainer; must be < 1 to leave it memory (e.g. 0.4)" }}
 {{- end }}
 {{- end }}
-{{- end }}
-
-{{/*
-The pod template of a Ray node. Call with a dict:
-  ctx: $, group: name, cpus: float, memoryGb: float, gpus: int,
-  scheduling: {nodeSelector, tolerations, affinity}, head: bool
-*/}}
-{{- define "llmrl.rayPodTemplate" -}}
-{{- $ctx := .ctx }}
-{{- $v := $ctx.Values }}
-{{- $cpu := include "llmrl.cpu" .cpus }}
-{{- $memory := include "llmrl.memory" .memoryGb -}}
-metadata:
-  labels:
-    {{- include "llmrl.labels" (dict "ctx" $ctx "component" "ray") | nindent 4 }}
-    llmrl.io/ray-group: {{ .group }}
-spec:
-  automountServiceAccountToken: false
-  securityContext:
-    {{- include "llmrl.podSecurityContext" $ctx | nindent 4 }}
-  {{- with $v.imagePullSecrets }}
-  imagePullSecrets:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  {{- with .scheduling.nodeSelector }}
-  nodeSelector:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  {{- with .scheduling.tolerations }}
-  tolerations:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  {{- with .scheduling.affinity }}
-  affinity:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  containers:
-    - name: {{ ternary "ray-head" "ray-worker" .head }}
-      image: {{ include "llmrl.image" (dict "ctx" $ctx "image" $v.image) | quote }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
-      {{- if .head }}
-      ports:
-        - {name: gcs-server, containerPort: 6379}
-        - {name: dashboard, containerPort: 8265}
-        - {name: client, containerPort: 10001}
-      {{- end }}
-      env:
-        - {name: HOME, value: /tmp}
-        - {name: XDG_CACHE_HOME, value: /tmp/.cache}
-        - {name: HF_HOME, value: {{ printf "%s/huggingface" $v.storage.mountPath | quote }}}
-        - {name: LLMRL_SHARED_DIR, value: {{ $v.storage.mountPath | quote }}}
-        - {name: LLMRL_TOPOLOGY, value: /etc/llmrl/topology/topology.yaml}
-        - {name: LLMRL_RAY_GROUP, value: {{ .group | quote }}}
-        - {name: MLFLOW_TRACKING_URI, value: {{ include "llmrl.mlflowUri" $ctx | quote }}}
-      resources:
-        requests:
-          cpu: {{ $cpu }}
-          memory: {{ $memory }}
-          {{- if gt (int .gpus) 0 }}
-          nvidia.com/gpu: {{ int .gpus }}
-          {{- end }}
-        limits:
-          cpu: {{ $cpu }}
-          memory: {{ $memory }}
-          {{- if gt (int .gpus) 0 }}
-          nvidia.com/gpu: {{ int .gpus }}
-          {{- end }}
-      securityContext:
-        {{- include "llmrl.containerSecurityContext" $ctx | nindent 8 }}
-      volumeMounts:
-        - {name: tmp, mountPath: /tmp}
-        - {name: dshm, mountPath: /dev/shm}
-        - {name: shared, mountPath: {{ $v.storage.mountPath | quote }}}
-        - {name: topology, mountPath: /etc/llmrl/topology, readOnly: true}
-  volumes:
-    - name: tmp
-      emptyDir: {}
-    - name: dshm
-      emptyDir:
-        medium: Memory
-        sizeLimit: {{ include "llmrl.memory" (mulf .memoryGb $v.rayCluster.shmFraction) }}
-    - name: shared
-      persistentVolumeClaim:
-        claimName: {{ include "llmrl.claimName" $ctx }}
-    - name: topology
-      configMap:
-        name: {{ include "llmrl.configMapName" $ctx }}
 {{- end }}
