@@ -1,8 +1,9 @@
 """The helm/llmrl chart, rendered and linted offline by the real Helm engine (helm-python-sdk).
 
 Every rendered object is validated: Kubernetes kinds against the bundled Kubernetes 1.30 schemas
-(kubernetes-validate, strict: unknown fields fail), the KubeRay RayCluster against
-``schemas/raycluster-ray.io-v1.json`` plus each of its pod templates as a PodTemplate.
+(kubernetes-validate, strict: unknown fields fail), KubeRay kinds against the real KubeRay CRDs
+of every tested release (tests/flows/crd_schema.py, unknown fields fail). The chart renders no
+Ray cluster: the RayJobs the launcher builds from each release's settings are validated so.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 import yaml
 
 from flows.launchers.manifests import (
+    KUBERAY_TESTED_VERSIONS,
     RAY_STAGES,
     build_job_manifest,
     build_rayjob_manifest,
@@ -32,6 +34,7 @@ from flows.launchers.manifests import (
 from flows.launchers.settings import KubernetesSettings
 from llmrl.topology import Topology
 from llmrl.topology.chart_values import ChartValues
+from tests.flows.crd_schema import KUBERAY_KINDS, missing_crds, validate_custom_object
 from tests.topology.test_spec import INVALID as SPEC_INVALID
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) renders the chart")
@@ -41,9 +44,6 @@ pytestmark = pytest.mark.integration  # the real Helm engine renders and lints t
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "llmrl"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
-RAYCLUSTER_SCHEMA = json.loads(
-    (Path(__file__).parent / "schemas" / "raycluster-ray.io-v1.json").read_text()
-)
 K8S_VERSION = "1.30"
 NAMESPACE = "llmrl"
 
@@ -162,31 +162,33 @@ def test_lint_is_clean(name):
 def test_every_object_validates(name, rendered):
     items = rendered(name)
     kinds = {item["kind"] for item in items}
-    assert {"RayCluster", "ConfigMap", "Deployment", "Role", "RoleBinding"} <= kinds
+    assert {"ConfigMap", "Deployment", "Role", "RoleBinding"} <= kinds
     for item in items:
-        if item["kind"] == "RayCluster":
-            jsonschema.Draft7Validator(RAYCLUSTER_SCHEMA).validate(item)
-            for where, _ in pod_specs(item):
-                template = _group_template(item, where)
-                kubernetes_validate.validate(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "PodTemplate",
-                        "metadata": {"name": where},
-                        "template": template,
-                    },
-                    K8S_VERSION,
-                    strict=True,
-                )
+        if item["kind"] in KUBERAY_KINDS:  # none today: each stage brings its own RayJob
+            assert_valid_for_kuberay(item)
         else:
             kubernetes_validate.validate(item, K8S_VERSION, strict=True)
 
 
-def _group_template(cluster: dict[str, Any], where: str) -> dict[str, Any]:
-    if where == "head":
-        return cluster["spec"]["headGroupSpec"]["template"]
-    (group,) = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == where]
-    return group["template"]
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_the_stage_manifests_of_every_release_validate(name, rendered):
+    """The Jobs and RayJobs the launcher builds from a release's settings and topology."""
+    for stage, manifest in stage_manifests(rendered(name)).items():
+        if stage in RAY_STAGES:
+            assert_valid_for_kuberay(manifest)
+        else:
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def assert_valid_for_kuberay(item: dict[str, Any]) -> None:
+    """A RayJob or RayCluster is valid for every tested KubeRay release (strict: no unknown
+    fields); skips without ../shared/kuberay-crds."""
+    missing = missing_crds(KUBERAY_TESTED_VERSIONS, tuple(KUBERAY_KINDS.values()))
+    if missing:
+        pytest.skip(missing)
+    for version in KUBERAY_TESTED_VERSIONS:
+        errors = validate_custom_object(item, version)
+        assert errors == [], f"KubeRay {version}: " + "; ".join(map(str, errors))
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -290,11 +292,13 @@ def test_rbac_is_namespaced_and_least_privilege(name, rendered):
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    crud = ("create", "get", "list", "watch", "delete")
-    expected = {("ray.io", r, v) for r in ("rayjobs", "rayclusters") for v in crud}
-    expected |= {("batch", "jobs", v) for v in crud}
-    expected |= {("", "pods", v) for v in ("get", "list", "watch")}
-    expected |= {("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch")}
+    # tests/flows/test_rbac.py: each one is used (by the launcher, the flow's cleanup or the
+    # Prefect worker), each call they make is granted, and k8s/launcher-rbac.yaml grants the same.
+    expected = {("ray.io", "rayjobs", v) for v in ("create", "list", "watch", "delete")}
+    expected |= {("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")}
+    expected |= {("", "configmaps", v) for v in ("create", "patch", "delete")}
+    expected |= {("", "pods", v) for v in ("list", "watch")}
+    expected |= {("", "pods/log", "get")}
     assert granted == expected
     (binding,) = of_kind(items, "RoleBinding")
     assert binding["roleRef"] == {
