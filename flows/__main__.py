@@ -1,4 +1,5 @@
-"""``python -m flows``: the whole pipeline on this machine, then a before/after table.
+"""``python -m flows``: the whole pipeline on this machine, then a before/after table;
+``python -m flows compare``: the reward and accuracy curves of several runs in one picture.
 
 Prefect runs the flow with its ephemeral API (no server to start): flow runs, task runs, logs
 and artifacts land in the database under ``$PREFECT_HOME`` (default ``~/.prefect``). MLflow
@@ -16,6 +17,8 @@ Examples::
     python -m flows                                  # configs/*.yaml
     python -m flows --steps-sft 5 --steps-grpo 2 --set eval.data.max_eval_rows=10
     python -m flows --skip grpo --set sft.optimizer.lr=1e-5
+    python -m flows compare llmrl                    # the newest pipeline runs of `llmrl`
+    python -m flows compare RUN_ID RUN_ID --out runs/compare/lr
 """
 
 from __future__ import annotations
@@ -27,13 +30,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-_STAGE_LABELS = {"base": "base model", "sft": "after SFT", "grpo": "after GRPO"}
+from flows.stages import COMMANDS, TITLES
+
+COMPARE = "compare"
+"""The first argument that selects the comparison command instead of a pipeline run."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m flows``."""
     parser = argparse.ArgumentParser(
-        prog="python -m flows", description="Run the llmrl pipeline locally (Prefect + MLflow)."
+        prog="python -m flows",
+        description="Run the llmrl pipeline locally (Prefect + MLflow).",
+        epilog="`python -m flows compare --help`: compare the curves of several runs.",
     )
     parser.add_argument(
         "--config-dir",
@@ -60,6 +68,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in this folder",
     )
     parser.add_argument("--experiment", default="llmrl", help="MLflow experiment (llmrl)")
+    parser.add_argument("--mlflow-ui-url", help="MLflow UI address for links (see README)")
+    return parser
+
+
+def build_compare_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m flows compare``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m flows compare",
+        description="Draw the GRPO reward and held-out accuracy curves of several runs into one "
+        "picture, log it to MLflow (a new comparison run) and to Prefect (artifacts).",
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_ID_OR_EXPERIMENT",
+        help="pipeline or GRPO run ids, or experiment names (their newest pipeline runs)",
+    )
+    parser.add_argument(
+        "--mlflow-tracking-uri",
+        help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in this folder",
+    )
+    parser.add_argument("--mlflow-ui-url", help="MLflow UI address for links")
+    parser.add_argument("--out", help="folder of the picture (default: runs/compare/<time>)")
+    parser.add_argument(
+        "--max-runs", type=int, default=10, help="runs per experiment (newest; default 10)"
+    )
     return parser
 
 
@@ -79,14 +113,12 @@ def params_from_args(args: argparse.Namespace) -> Any:
         overrides.setdefault("grpo", []).append(f"steps={args.steps_grpo}")
     config_dir = Path(args.config_dir)
     return PipelineParams(
-        prepare_config=str(config_dir / "prepare.yaml"),
-        sft_config=str(config_dir / "sft.yaml"),
-        grpo_config=str(config_dir / "grpo.yaml"),
-        eval_config=str(config_dir / "eval.yaml"),
+        **{f"{command}_config": str(config_dir / f"{command}.yaml") for command in COMMANDS},
         overrides=overrides,
         skip=args.skip,
         work_dir=args.work_dir,
         mlflow_tracking_uri=args.mlflow_tracking_uri,
+        mlflow_ui_url=args.mlflow_ui_url,
         experiment=args.experiment,
     )
 
@@ -97,7 +129,7 @@ def format_report(summary: Mapping[str, Any], flow_run_id: str | None) -> str:
     lines.append(f"  {'model':<12} {'accuracy':>9} {'problems':>9}")
     for row in summary["evaluation"]:
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
-        label = _STAGE_LABELS.get(row["model"], row["model"])
+        label = TITLES.get(row["model"], row["model"])
         lines.append(f"  {label:<12} {accuracy:>9} {row['num_problems'] or '-':>9}")
     lines += ["", "Wall time per stage", f"  {'stage':<10} {'status':<8} {'seconds':>8}"]
     total = 0.0
@@ -114,6 +146,8 @@ def where_to_look(summary: Mapping[str, Any], flow_run_id: str | None) -> list[s
     """How to open the MLflow and Prefect UIs on this run."""
     from prefect.settings import get_current_settings
 
+    from flows.pipeline import flow_run_url
+
     settings = get_current_settings()
     mlflow = summary["mlflow"]
     lines = ["Look at the run:"]
@@ -122,23 +156,26 @@ def where_to_look(summary: Mapping[str, Any], flow_run_id: str | None) -> list[s
     else:
         lines.append(f"  MLflow:  mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
         lines.append(f"           then {mlflow['parent_link']}")
-    api_url = settings.api.url
-    run_path = f"/runs/flow-run/{flow_run_id}" if flow_run_id else ""
-    if api_url:
-        lines.append(f"  Prefect: {api_url.removesuffix('/api')}{run_path}")
+    url = flow_run_url(flow_run_id) or "the flow run"
+    if settings.ui_url:
+        lines.append(f"  Prefect: {url}")
     else:
         lines.append(f"  Prefect: PREFECT_HOME={settings.home} prefect server start")
-        lines.append(f"           then http://127.0.0.1:4200{run_path}")
+        lines.append(f"           then {url}")
     lines.append(f"  Outputs: {summary['work_dir']}")
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the pipeline; 0 on success, 2 for a bad config, 1 for another failure."""
+    """Run the pipeline (or ``compare``); 0 on success, 2 for a bad config, 1 for another
+    failure."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # A busy 2-core machine can take longer than the default 20 s to start the ephemeral API.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [COMPARE]:
+        return compare_main(argv[1:])
     args = build_parser().parse_args(argv)
     params = params_from_args(args)
 
@@ -152,6 +189,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\npipeline failed: {error}", file=sys.stderr)
         return 2 if isinstance(error, StageConfigError) else 1
     print(format_report(state.result(), flow_run_id))
+    return 0
+
+
+def compare_main(argv: Sequence[str]) -> int:
+    """``python -m flows compare``: 0 on success, 2 when the runs cannot be compared."""
+    args = build_compare_parser().parse_args(argv)
+    from flows.compare import compare
+    from flows.pipeline import PipelineParams
+    from llmrl.tracking.comparison import CompareError
+
+    uri = PipelineParams(mlflow_tracking_uri=args.mlflow_tracking_uri).tracking_uri()
+    state = compare(args.runs, uri, args.out, args.mlflow_ui_url, args.max_runs, return_state=True)
+    if not state.is_completed():
+        error = state.result(raise_on_failure=False)
+        print(f"compare failed: {error}", file=sys.stderr)
+        return 2 if isinstance(error, CompareError) else 1
+    result = state.result()
+    print(f"picture: {result['picture']}\nMLflow:  {result['mlflow_link']}")
+    for run in result["runs"]:
+        missing = f" (missing: {', '.join(run['missing'])})" if run["missing"] else ""
+        print(f"  {run['label']}: {run['reward_steps']} GRPO steps{missing}")
     return 0
 
 

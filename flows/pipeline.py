@@ -5,14 +5,23 @@ command through a launcher (:mod:`flows.launchers`: a local subprocess or a Kube
 Job/RayJob). Nothing here touches a tensor: stages hand each other paths (the prepared dataset,
 checkpoints' model directories) and one-line JSON summaries.
 
-Run order: ``prepare``, ``sft``, ``grpo``, then ``eval-base``, ``eval-sft``, ``eval-grpo`` (the
-held-out accuracy of the base model, after SFT and after GRPO). ``skip`` leaves stages out (and
-the evaluation of a model that was not trained); ``start_from`` uses a given dataset directory or
+The stages and what they read from each other are the table of :mod:`flows.stages`. Run order:
+``prepare``, ``sft``, ``grpo``, then ``eval-base``, ``eval-sft``, ``eval-grpo`` (the held-out
+accuracy of the base model, after SFT and after GRPO). ``skip`` leaves stages out (and the
+evaluation of a model that was not trained); ``start_from`` uses a given dataset directory or
 checkpoint instead of running a stage.
 
-**Tracking.** The flow creates one MLflow parent run and passes ``MLFLOW_PARENT_RUN_ID`` and
+**Tracking** goes through :mod:`llmrl.tracking` (the one MLflow adapter): the flow opens one
+MLflow parent run (:class:`~llmrl.tracking.PipelineRun`) and passes ``MLFLOW_PARENT_RUN_ID`` and
 ``MLFLOW_TRACKING_URI`` to every stage, whose own runs nest under it (tag
-``mlflow.parentRunId``). The parent gets the before/after accuracies and stage times.
+``mlflow.parentRunId``). The parent gets the before/after accuracies and stage times, the tags
+``prefect.flow_run_id`` / ``prefect.flow_run_url`` (this flow run in the Prefect UI) and
+``llmrl.run.<stage>`` (the run of each stage's result); the flow run gets a link artifact to the
+parent run in the MLflow UI (``mlflow_ui_url``).
+
+**Names and tags.** A flow run is named ``<model>-<task>-<YYYYmmdd-HHMM>`` (the SFT config's
+model, the prepare config's task, overrides included) and tagged ``model:<model>``,
+``task:<task>``, ``launcher:<launcher>``; its task runs carry the same tags.
 
 **Finished stages are not run twice.** Each stage's result is stored as
 ``<work_dir>/stages/<stage>-<key>.json`` where ``key`` hashes the stage name, its config file's
@@ -26,7 +35,8 @@ with it (:mod:`flows.launchers.local`), so the re-run never races the old one.
 
 **Failures.** :class:`~flows.launchers.TransientStageError` (launcher API, tracking server) is
 retried with exponential backoff; a bad config (:class:`~flows.launchers.StageConfigError`, exit
-code 2) or a failed stage fails the flow at once with the stage's own message.
+code 2) or a failed stage fails the flow at once with the stage's own message. A cancelled or
+crashed flow run on the ``kubernetes`` launcher deletes the Jobs and RayJobs it launched.
 
 **Artifacts** on the flow run: a progress bar updated as stages start and end, a markdown
 summary (stage times, metrics, MLflow links) and a table of the evaluation results.
@@ -49,8 +59,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger, task
+import yaml
+from prefect import flow, get_run_logger, tags, task
 from prefect.artifacts import (
+    create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -69,11 +81,13 @@ from flows.launchers import (
     StageFailedError,
     TransientStageError,
 )
-from flows.summary import RUN_ORDER, build_summary, render_markdown
+from flows.stages import ALIASES, COMMANDS, RUN_ORDER, SPECS, STARTABLE, command_of
+from flows.summary import build_summary, render_markdown
+from llmrl.tracking import PipelineRun
+from llmrl.tracking.pipeline_run import stage_run_tag
 
-STAGES: tuple[str, ...] = ("prepare", "sft", "grpo", "eval")
-"""The pipeline's stages, named like their ``llmrl`` commands (``evaluate`` is accepted too)."""
-_ALIASES = {"evaluate": "eval"}
+LOCAL_PREFECT_UI = "http://127.0.0.1:4200"
+"""Where ``prefect server start`` serves the UI of a local (ephemeral API) flow run."""
 
 
 class PipelineParams(BaseModel):
@@ -117,6 +131,12 @@ class PipelineParams(BaseModel):
         description="MLflow tracking URI; default: $MLFLOW_TRACKING_URI, else "
         "sqlite:///mlflow.db in the working directory",
     )
+    mlflow_ui_url: str | None = Field(
+        None,
+        description="the MLflow UI's address for links (artifacts, summary); default: "
+        "$LLMRL_MLFLOW_UI_URL, else the tracking URI when it is http(s), else "
+        "http://127.0.0.1:5000 (`mlflow ui`)",
+    )
     experiment: str = Field("llmrl", description="MLflow experiment of the parent and stage runs")
     retries: int = Field(2, ge=0, description="retries of a stage after a transient failure")
     retry_delay_s: float = Field(
@@ -131,9 +151,9 @@ class PipelineParams(BaseModel):
     def _known_override_stages(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         normalized: dict[str, list[str]] = {}
         for stage, items in value.items():
-            name = _ALIASES.get(stage, stage)
-            if name not in STAGES:
-                raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+            name = ALIASES.get(stage, stage)
+            if name not in COMMANDS:
+                raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(COMMANDS)}")
             bad = [item for item in items if "=" not in item]
             if bad:
                 raise ValueError(f"{stage}: expected key=value overrides, got {bad}")
@@ -143,40 +163,32 @@ class PipelineParams(BaseModel):
     @field_validator("skip")
     @classmethod
     def _known_skips(cls, value: list[str]) -> list[str]:
-        names = [_ALIASES.get(name, name) for name in value]
-        unknown = [name for name in names if name not in (*STAGES, *RUN_ORDER)]
+        names = [ALIASES.get(name, name) for name in value]
+        known = tuple(dict.fromkeys((*COMMANDS, *RUN_ORDER)))
+        unknown = [name for name in names if name not in known]
         if unknown:
-            raise ValueError(
-                f"unknown stages {unknown}; expected some of {', '.join((*STAGES, *RUN_ORDER))}"
-            )
+            raise ValueError(f"unknown stages {unknown}; expected some of {', '.join(known)}")
         return names
 
     @field_validator("start_from")
     @classmethod
     def _startable(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = [name for name in value if name not in ("prepare", "sft", "grpo")]
+        unknown = [name for name in value if name not in STARTABLE]
         if unknown:
-            raise ValueError(f"only prepare, sft and grpo can start from a path, got {unknown}")
+            raise ValueError(f"only {', '.join(STARTABLE)} can start from a path, got {unknown}")
         return value
 
     def config_path(self, stage: str) -> str:
-        """The config file of a stage command."""
-        return {
-            "prepare": self.prepare_config,
-            "sft": self.sft_config,
-            "grpo": self.grpo_config,
-            "eval": self.eval_config,
-        }[stage]
+        """The config file of a stage or its command (``eval-sft`` -> ``eval_config``)."""
+        return getattr(self, f"{command_of(stage)}_config")
 
     def runs(self, name: str) -> bool:
-        """Whether the pipeline runs stage ``name`` (one of :data:`RUN_ORDER`)."""
-        if name in self.start_from:
+        """Whether the pipeline runs stage ``name`` (one of :data:`~flows.stages.RUN_ORDER`)."""
+        spec = SPECS[name]
+        if name in self.start_from or name in self.skip or spec.command in self.skip:
             return False
-        if name.startswith("eval-"):
-            model = name.removeprefix("eval-")
-            trained = model == "base" or model in self.start_from or model not in self.skip
-            return "eval" not in self.skip and name not in self.skip and trained
-        return name not in self.skip
+        model = spec.model_from
+        return not spec.evaluates or model is None or model in self.start_from or self.runs(model)
 
     def tracking_uri(self) -> str:
         """The MLflow URI the parent run and every stage use (SQLite paths made absolute)."""
@@ -186,6 +198,40 @@ class PipelineParams(BaseModel):
         if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
             uri = prefix + str(Path(uri.removeprefix(prefix)).resolve())
         return uri
+
+    def setting(self, command: str, key: str) -> Any:
+        """A dotted ``key`` of a command's config as the stage will see it: the config file's
+        value, unless an override sets it (None when neither does or the file is unreadable)."""
+        value = None
+        for item in self.overrides.get(command, []):
+            name, _, text = item.partition("=")
+            if name.strip() == key:
+                value = yaml.safe_load(text)
+        if value is not None:
+            return value
+        try:
+            config = yaml.safe_load(Path(self.config_path(command)).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            return None
+        for part in key.split("."):
+            config = config.get(part) if isinstance(config, dict) else None
+        return config
+
+    def model_label(self) -> str:
+        """The trained model in names and tags: the last part of the SFT config's model."""
+        name = str(self.setting("sft", "model.name") or "model")
+        return Path(name.rstrip("/")).name.removesuffix(".gguf") or "model"
+
+    def task_label(self) -> str:
+        """The task in names and tags: the prepare config's (or the given dataset's) task."""
+        if "prepare" in self.start_from:  # a prepared folder is named <task>-<digest>
+            return Path(self.start_from["prepare"]).name.rsplit("-", 1)[0] or "data"
+        return str(self.setting("prepare", "task") or "task")
+
+    def run_tags(self) -> list[str]:
+        """The tags of this pipeline's flow run and task runs."""
+        model, task = self.model_label(), self.task_label()
+        return [f"model:{model}", f"task:{task}", f"launcher:{self.launcher}"]
 
 
 # ------------------------------------------------------------------------ stage calls and store
@@ -215,29 +261,29 @@ def stage_key(
 def plan_stage(params: PipelineParams, name: str, done: Mapping[str, dict]) -> StageCall:
     """The call of stage ``name`` given the results of the stages before it (``done``).
 
-    Upstream results become overrides (``data.path``, ``model.checkpoint``); then come the
-    stage's own output directory and MLflow run name, then the user's overrides (which win).
+    Upstream results (the stage's ``reads``) become overrides (``data.path``,
+    ``model.checkpoint``); then come the stage's own output directory and MLflow run name, then
+    the user's overrides (which win).
     """
-    stage = "eval" if name.startswith("eval-") else name
+    spec = SPECS[name]
     work_dir = Path(params.work_dir).resolve()
-    upstream_names = {"prepare": [], "sft": ["prepare"], "grpo": ["prepare", "sft"]}.get(
-        name, ["prepare", name.removeprefix("eval-")]
-    )
-    upstream = {n: done[n]["summary"] for n in upstream_names if n in done}
+    upstream = {n: done[n]["summary"] for n in spec.reads if n in done}
     derived: list[str] = []
-    if "prepare" in upstream and stage != "prepare":
-        derived.append(f"data.path={upstream['prepare']['path']}")
-    source = {"grpo": "sft", "eval-sft": "sft", "eval-grpo": "grpo"}.get(name)
-    if source in upstream:
-        derived.append(f"model.checkpoint={upstream[source]['final_checkpoint']}")
-    if stage == "eval":
-        derived.append(f"label={name.removeprefix('eval-')}")
-    user = list(params.overrides.get(stage, []))
-    config_path = params.config_path(stage)
+    for source in spec.reads:
+        if source not in upstream:
+            continue
+        if SPECS[source].produces == "dataset":
+            derived.append(f"data.path={upstream[source]['path']}")
+        elif source == spec.model_from:
+            derived.append(f"model.checkpoint={upstream[source]['final_checkpoint']}")
+    if spec.evaluates:
+        derived.append(f"label={spec.evaluates}")
+    user = list(params.overrides.get(spec.command, []))
+    config_path = params.config_path(name)
     config_file = Path(config_path)
     config_text = config_file.read_text(encoding="utf-8") if config_file.is_file() else ""
     key = stage_key(name, config_text, [*derived, *user], upstream)
-    if stage == "prepare":
+    if spec.produces == "dataset":  # content-addressed folders: one place for every run
         placement = [f"output_dir={work_dir / 'data'}"]
     else:
         placement = [
@@ -247,7 +293,7 @@ def plan_stage(params: PipelineParams, name: str, done: Mapping[str, dict]) -> S
         ]
     return StageCall(
         name=name,
-        stage=stage,
+        stage=spec.command,
         config_path=config_path,
         overrides=(*derived, *placement, *user),
         key=key,
@@ -284,114 +330,76 @@ class StageStore:
 # ------------------------------------------------------------------------ tracking
 
 
-@dataclass(frozen=True)
-class Tracking:
-    """The pipeline's MLflow parent run."""
-
-    uri: str
-    experiment: str
-    experiment_id: str
-    parent_run_id: str
-
-    def link(self, run_id: str | None) -> str | None:
-        """The MLflow UI address of a run (``mlflow ui``'s default address for local stores)."""
-        if not run_id:
-            return None
-        base = self.uri if self.uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
-
-    def stage_env(self, work_dir: str) -> dict[str, str]:
-        """What every stage needs to nest its run under the parent."""
-        return {
-            "MLFLOW_TRACKING_URI": self.uri,
-            "MLFLOW_PARENT_RUN_ID": self.parent_run_id,
-            "MLFLOW_EXPERIMENT_NAME": self.experiment,
-            "LLMRL_MLFLOW_SPOOL": str(Path(work_dir).resolve() / "mlflow-spool"),
-        }
-
-
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn``: retry only :class:`TransientStageError`."""
     error = getattr(state, "data", None)
     return isinstance(error, TransientStageError)
 
 
-def artifact_location(uri: str, experiment: str) -> str | None:
-    """Where a new experiment keeps its artifacts: beside a SQLite store
-    (``<db folder>/mlruns/<experiment>``), not in the working directory as MLflow would; None
-    (the server's default) for other stores."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix):
+def flow_run_url(flow_run_id: str | None) -> str | None:
+    """This flow run in the Prefect UI (``$PREFECT_UI_URL``, else a local ``prefect server``)."""
+    if not flow_run_id:
         return None
-    return str(Path(uri.removeprefix(prefix)).resolve().parent / "mlruns" / experiment)
+    from prefect.utilities.urls import url_for
 
-
-def _mlflow_client(uri: str) -> Any:
-    if uri.startswith(("http://", "https://")):  # fail within seconds, the task retries
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
+    return url_for("flow-run", obj_id=flow_run_id, default_base_url=LOCAL_PREFECT_UI)
 
 
 @task(name="open-tracking", cache_policy=NO_CACHE, retry_condition_fn=retry_transient)
-def open_tracking(params: PipelineParams) -> Tracking:
-    """Create the MLflow parent run of this pipeline run (and the experiment if needed)."""
-    from mlflow.entities import Param
-
+def open_tracking(params: PipelineParams) -> PipelineRun:
+    """Create the MLflow parent run of this pipeline run (and the experiment if needed), tagged
+    with this flow run, and link it from the flow run (a link artifact)."""
     uri = params.tracking_uri()
-    run_name = f"pipeline-{flow_run.get_name() or 'local'}"
+    run_id = str(flow_run.get_id() or "")
+    prefect_tags = {
+        "prefect.flow_run_id": run_id,
+        "prefect.flow_run_name": str(flow_run.get_name() or ""),
+        "prefect.flow_run_url": flow_run_url(run_id) or "",
+        "llmrl.work_dir": str(Path(params.work_dir).resolve()),
+    }
     try:
-        client = _mlflow_client(uri)
-        experiment = client.get_experiment_by_name(params.experiment)
-        if experiment is None:
-            location = artifact_location(uri, params.experiment)
-            experiment_id = client.create_experiment(params.experiment, location)
-        else:
-            experiment_id = experiment.experiment_id
-        tags = {
-            "llmrl.stage": "pipeline",
-            "prefect.flow_run_id": str(flow_run.get_id() or ""),
-            "prefect.flow_run_name": str(flow_run.get_name() or ""),
-            "llmrl.work_dir": str(Path(params.work_dir).resolve()),
-        }
-        run = client.create_run(experiment_id, run_name=run_name, tags=tags)
-        flat = _flatten(params.model_dump(mode="json", exclude={"kubernetes"}))
-        client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in flat.items()])
+        parent = PipelineRun.open(
+            uri,
+            params.experiment,
+            run_name=f"pipeline-{flow_run.get_name() or 'local'}",
+            tags={k: v for k, v in prefect_tags.items() if v},
+            params=params.model_dump(mode="json", exclude={"kubernetes"}),
+            ui_url=params.mlflow_ui_url,
+        )
     except Exception as error:
         raise TransientStageError("tracking", f"MLflow at {uri} failed: {error}") from error
-    get_run_logger().info("MLflow parent run %s in experiment %r", run.info.run_id, experiment_id)
-    return Tracking(uri, params.experiment, experiment_id, run.info.run_id)
+    get_run_logger().info("MLflow parent run %s: %s", parent.run_id, parent.link(parent.run_id))
+    create_link_artifact(
+        parent.link(parent.run_id) or "",
+        link_text=f"MLflow run {parent.run_id} (experiment {params.experiment})",
+        key="llmrl-mlflow-run",
+        description="the pipeline's MLflow parent run; its stages are nested under it",
+    )
+    return parent
 
 
 @task(name="close-tracking", cache_policy=NO_CACHE)
 def close_tracking(
-    tracking: Tracking, status: str, metrics: Mapping[str, float] | None = None
+    parent: PipelineRun, status: str, metrics: Mapping[str, float] | None = None
 ) -> None:
     """Log the pipeline's metrics on the parent run and end it with ``status``."""
-    from mlflow.entities import Metric
-
-    client = _mlflow_client(tracking.uri)
-    now = int(datetime.now(timezone.utc).timestamp() * 1000)
-    if metrics:
-        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
-        client.log_batch(tracking.parent_run_id, metrics=batch)
-    client.set_terminated(tracking.parent_run_id, status)
+    parent.close(status, metrics)
 
 
-def find_stage_run(tracking: Tracking, name: str) -> str | None:
-    """The id of the MLflow run stage ``name`` nested under the parent run, if there is one."""
-    try:
-        client = _mlflow_client(tracking.uri)
-        runs = client.search_runs(
-            [tracking.experiment_id],
-            filter_string=f"tags.`mlflow.parentRunId` = '{tracking.parent_run_id}'",
-            order_by=["attributes.start_time DESC"],
-        )
-    except Exception:  # a missing link must not fail a finished stage
+def note_stage_run(parent: PipelineRun | None, name: str, record: dict[str, Any]) -> str | None:
+    """The MLflow run of a stage's result: the one the record names (a finished stage), else
+    the run nested under the parent with the stage's name; the parent is tagged with it
+    (``llmrl.run.<stage>``). Best effort: a missing link must not fail a finished stage."""
+    if parent is None:
         return None
-    return next((run.info.run_id for run in runs if run.info.run_name == name), None)
+    try:
+        run_id = record.get("mlflow_run_id") or parent.find_child(name)
+        if run_id:
+            parent.set_tags({stage_run_tag(name): run_id})
+        return run_id
+    except Exception as error:
+        get_run_logger().warning("%s: no MLflow run found (%s)", name, error)
+        return None
 
 
 # ------------------------------------------------------------------------ tasks
@@ -404,7 +412,7 @@ def find_stage_run(tracking: Tracking, name: str) -> str | None:
     retry_condition_fn=retry_transient,
 )
 def run_stage(
-    call: StageCall, launcher: Launcher, env: Mapping[str, str], tracking: Tracking | None
+    call: StageCall, launcher: Launcher, env: Mapping[str, str], tracking: PipelineRun | None
 ) -> dict[str, Any]:
     """Run one stage, unless the store holds its result for the same inputs."""
     logger = get_run_logger()
@@ -416,9 +424,9 @@ def run_stage(
             call.name,
             store.path(call.name, call.key),
         )
+        note_stage_run(tracking, call.name, record)
         return {**record, "status": "skipped"}
     result = launcher.run(call.stage, call.config_path, call.overrides, env, name=call.name)
-    run_id = find_stage_run(tracking, call.name) if tracking and call.stage != "prepare" else None
     record = {
         "name": call.name,
         "stage": call.stage,
@@ -428,15 +436,15 @@ def run_stage(
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "config_path": call.config_path,
         "overrides": list(call.overrides),
-        "mlflow_run_id": run_id,
     }
+    record["mlflow_run_id"] = note_stage_run(tracking, call.name, record)
     store.save(call.name, call.key, record)
     return {**record, "status": "ran"}
 
 
 @task(name="summary", cache_policy=NO_CACHE)
 def summarize(
-    params: PipelineParams, tracking: Tracking, records: Mapping[str, dict]
+    params: PipelineParams, tracking: PipelineRun, records: Mapping[str, dict]
 ) -> dict[str, Any]:
     """Publish the markdown summary and the evaluation table; return the pipeline's summary."""
     summary = build_summary(params, tracking, records, flow_run.get_name() or "local")
@@ -476,46 +484,97 @@ def make_launcher(params: PipelineParams) -> Launcher:
     return LocalLauncher()
 
 
+# ------------------------------------------------------------ flow run: name, tags, hooks
+
+
+def flow_run_params() -> PipelineParams:
+    """This flow run's :class:`PipelineParams` (its defaults when none were passed)."""
+    given = flow_run.get_parameters().get("params")
+    return PipelineParams.model_validate(given) if given is not None else PipelineParams()
+
+
+def name_flow_run() -> str:
+    """The flow run's name: ``<model>-<task>-<YYYYmmdd-HHMM>``."""
+    params = flow_run_params()
+    return f"{params.model_label()}-{params.task_label()}-{datetime.now():%Y%m%d-%H%M}"
+
+
+def tag_flow_run(params: PipelineParams) -> list[str]:
+    """Add the run's tags (:meth:`PipelineParams.run_tags`) to this flow run; return them."""
+    from prefect import get_client
+
+    run_tags = params.run_tags()
+    run_id = flow_run.get_id()
+    if run_id:
+        existing = list(flow_run.get_tags() or [])
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run_id, tags=list(dict.fromkeys([*existing, *run_tags])))
+    return run_tags
+
+
+def delete_cluster_resources(flow: Any, run: Any, state: Any) -> None:
+    """``on_cancellation`` / ``on_crashed`` hook: on the ``kubernetes`` launcher, delete the
+    Jobs and RayJobs this flow run launched (they would hold their GPUs otherwise)."""
+    params = PipelineParams.model_validate((run.parameters or {}).get("params") or {})
+    if params.launcher != "kubernetes":
+        return
+    from prefect.logging.loggers import flow_run_logger
+
+    from flows.launchers.kubernetes import delete_flow_run_resources
+
+    deleted = delete_flow_run_resources(params.kubernetes, str(run.id))
+    flow_run_logger(run, flow).warning(
+        "flow run %s: %s; deleted %s", run.id, state.name, ", ".join(deleted) or "nothing"
+    )
+
+
 # ------------------------------------------------------------------------ the flow
 
 
-@flow(name="llmrl-pipeline", log_prints=True)
+@flow(
+    name="llmrl-pipeline",
+    flow_run_name=name_flow_run,
+    log_prints=True,
+    on_cancellation=[delete_cluster_resources],
+    on_crashed=[delete_cluster_resources],
+)
 def pipeline(params: PipelineParams = PipelineParams()) -> dict[str, Any]:  # noqa: B008
     """prepare -> sft -> grpo -> evaluate (base, after SFT, after GRPO) -> summary."""
     logger = get_run_logger()
-    launcher = make_launcher(params)
-    tracking = open_tracking.with_options(
-        retries=params.retries, retry_delay_seconds=exponential_backoff(params.retry_delay_s)
-    )(params)
-    env = tracking.stage_env(params.work_dir)
-    stage = run_stage.with_options(
-        retries=params.retries,
-        retry_delay_seconds=exponential_backoff(params.retry_delay_s),
-        retry_jitter_factor=0.2,
-    )
-    planned = [name for name in RUN_ORDER if params.runs(name)]
-    progress = _Progress(planned)
-    records: dict[str, dict] = {}
-    current = "start"
-    try:
-        for name, path in params.start_from.items():
-            records[name] = given_result(name, path)
-            logger.info("%s: using %s instead of running it", name, path)
-        for name in planned:
-            current = name
-            progress.update(f"running {name}")
-            records[name] = stage(plan_stage(params, name, records), launcher, env, tracking)
-            progress.update(f"{name} {records[name]['status']}", finished=True)
-        summary = summarize(params, tracking, records)
-    except BaseException as error:
-        _record_failure(progress, tracking, current, error)
-        raise
-    close_tracking(tracking, "FINISHED", summary["metrics"])
+    with tags(*tag_flow_run(params)):
+        launcher = make_launcher(params)
+        tracking = open_tracking.with_options(
+            retries=params.retries, retry_delay_seconds=exponential_backoff(params.retry_delay_s)
+        )(params)
+        env = tracking.stage_env(Path(params.work_dir) / "mlflow-spool")
+        stage = run_stage.with_options(
+            retries=params.retries,
+            retry_delay_seconds=exponential_backoff(params.retry_delay_s),
+            retry_jitter_factor=0.2,
+        )
+        planned = [name for name in RUN_ORDER if params.runs(name)]
+        progress = _Progress(planned)
+        records: dict[str, dict] = {}
+        current = "start"
+        try:
+            for name, path in params.start_from.items():
+                records[name] = given_result(name, path)
+                logger.info("%s: using %s instead of running it", name, path)
+            for name in planned:
+                current = name
+                progress.update(f"running {name}")
+                records[name] = stage(plan_stage(params, name, records), launcher, env, tracking)
+                progress.update(f"{name} {records[name]['status']}", finished=True)
+            summary = summarize(params, tracking, records)
+        except BaseException as error:
+            _record_failure(progress, tracking, current, error)
+            raise
+        close_tracking(tracking, "FINISHED", summary["metrics"])
     return summary
 
 
 def _record_failure(
-    progress: _Progress, tracking: Tracking, stage: str, error: BaseException
+    progress: _Progress, tracking: PipelineRun, stage: str, error: BaseException
 ) -> None:
     """Mark the progress artifact and the MLflow parent run failed (best effort: the stage's
     own error is what the flow must report)."""
@@ -531,19 +590,6 @@ def given_result(name: str, path: str) -> dict[str, Any]:
     """The record of a stage replaced by ``start_from``: a dataset directory or a checkpoint."""
     if not Path(path).exists():
         raise StageFailedError(name, f"start_from path {path} does not exist")
-    summary = {"path": path} if name == "prepare" else {"final_checkpoint": path}
+    produces = SPECS[name].produces
+    summary = {"path": path} if produces == "dataset" else {"final_checkpoint": path}
     return {"name": name, "summary": summary, "seconds": 0.0, "status": "given"}
-
-
-# ------------------------------------------------------------------------ summary (formatting)
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    flat: dict[str, str] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = json.dumps(value) if not isinstance(value, str) else value
-    return flat

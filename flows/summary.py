@@ -7,17 +7,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from flows.pipeline import PipelineParams, Tracking
+from flows.stages import RUN_ORDER, SPECS, TITLES
+from llmrl.tracking.pipeline_run import accuracy_key
 
-EVALUATED: tuple[str, ...] = ("base", "sft", "grpo")
-"""Models evaluated on the held-out split, in order: the base model, after SFT, after GRPO."""
-RUN_ORDER: tuple[str, ...] = ("prepare", "sft", "grpo", *(f"eval-{m}" for m in EVALUATED))
-"""Every stage the pipeline can run, in the order it runs them."""
+if TYPE_CHECKING:
+    from flows.pipeline import PipelineParams
+    from llmrl.tracking import PipelineRun
 
 
 def build_summary(
-    params: PipelineParams, tracking: Tracking, records: Mapping[str, dict], run_name: str
+    params: PipelineParams, tracking: PipelineRun, records: Mapping[str, dict], run_name: str
 ) -> dict[str, Any]:
     """The pipeline's result: stages, evaluation rows, parent-run metrics, where to look."""
     stages = [
@@ -33,9 +32,9 @@ def build_summary(
         if (record := records.get(name))
     ]
     evaluation = []
-    for model in EVALUATED:
-        record = records.get(f"eval-{model}")
-        if not record:
+    for name in RUN_ORDER:
+        model, record = SPECS[name].evaluates, records.get(name)
+        if not model or not record:
             continue
         result = record["summary"]
         row = {
@@ -46,7 +45,7 @@ def build_summary(
         row.update({f"pass@{k}": v for k, v in (result.get("pass_at") or {}).items()})
         row["mlflow_run_id"] = record.get("mlflow_run_id")
         evaluation.append(row)
-    metrics = {f"accuracy_{row['model']}": row["accuracy"] for row in evaluation}
+    metrics = {accuracy_key(row["model"]): row["accuracy"] for row in evaluation}
     metrics.update({f"seconds_{s['name']}": s["seconds"] for s in stages if s["status"] == "ran"})
     return {
         "flow_run": run_name,
@@ -55,8 +54,8 @@ def build_summary(
             "tracking_uri": tracking.uri,
             "experiment": tracking.experiment,
             "experiment_id": tracking.experiment_id,
-            "parent_run_id": tracking.parent_run_id,
-            "parent_link": tracking.link(tracking.parent_run_id),
+            "parent_run_id": tracking.run_id,
+            "parent_link": tracking.link(tracking.run_id),
         },
         "stages": stages,
         "evaluation": evaluation,
@@ -81,7 +80,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     ]
     for row in summary["evaluation"]:
         accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
-        lines.append(f"| {_label(row['model'])} | {accuracy} | {row['num_problems']} |")
+        lines.append(f"| {TITLES[row['model']]} | {accuracy} | {row['num_problems']} |")
     lines += ["", "## Stages", "", "| stage | status | seconds | result | MLflow run |"]
     lines.append("| --- | --- | --- | --- | --- |")
     for stage in summary["stages"]:
@@ -98,10 +97,6 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             f"{_describe(stage['summary'])} | {link} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def _label(model: str) -> str:
-    return {"base": "base", "sft": "after SFT", "grpo": "after GRPO"}.get(model, model)
 
 
 def _describe(result: Mapping[str, Any]) -> str:

@@ -20,14 +20,19 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from llmrl.config import ConfigError
 from llmrl.models import DEFAULT_MODEL, MissingExtraError, ModelSpecError
+
+if TYPE_CHECKING:
+    from llmrl.config import PrepareConfig
+    from llmrl.data.prepare import PreparedDataset
 
 T = TypeVar("T")
 
@@ -57,6 +62,8 @@ def _prepare(args: argparse.Namespace) -> int:
     rows, skipped = prepared.manifest["rows"], prepared.manifest["skipped"]
     skipped_text = ", ".join(f"{reason}: {n}" for reason, n in skipped.items()) or "none"
     state = "reused" if prepared.reused else "prepared"
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        _track_prepare(config, prepared)
     print(
         f"llmrl prepare: {state} {config.task}: {rows['train']} train, {rows['eval']} eval rows; "
         f"skipped: {skipped_text}",
@@ -64,6 +71,23 @@ def _prepare(args: argparse.Namespace) -> int:
     )
     print(prepared.path)
     return 0
+
+
+def _track_prepare(config: PrepareConfig, prepared: PreparedDataset) -> None:
+    """The prepare stage's MLflow run (when ``$MLFLOW_TRACKING_URI`` is set, as a pipeline
+    sets it): the config as params, the rows per split, the prepared splits as its dataset
+    inputs; in ``$MLFLOW_EXPERIMENT_NAME`` (default ``llmrl``), nested under
+    ``$MLFLOW_PARENT_RUN_ID`` when set."""
+    from llmrl.tracking import Tracker
+    from llmrl.train.stage import log_prepared_data
+
+    experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "llmrl"
+    with Tracker("prepare", experiment=experiment, log_system_metrics=False) as tracker:
+        tracker.log_params(config.model_dump(mode="json"))
+        tracker.set_tags({"llmrl.dataset": str(prepared.path), "llmrl.reused": prepared.reused})
+        rows = prepared.manifest["rows"]
+        tracker.log_metrics({f"rows_{split}": n for split, n in rows.items()}, step=0)
+        log_prepared_data(tracker, prepared.path, prepared.manifest)
 
 
 def _run_stage(args: argparse.Namespace) -> int:

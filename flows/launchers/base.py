@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-STAGE_COMMANDS: tuple[str, ...] = ("prepare", "sft", "grpo", "eval")
-"""The ``llmrl`` subcommands a launcher runs."""
+from flows.stages import COMMANDS, output_of
+
+STAGE_COMMANDS: tuple[str, ...] = COMMANDS
+"""The ``llmrl`` subcommands a launcher runs (from the stage table, :mod:`flows.stages`)."""
 
 CONFIG_ERROR_EXIT_CODE = 2
 """The exit code of ``llmrl`` for a user error (bad config or data); the message is on stderr."""
@@ -126,7 +128,8 @@ def parse_summary(stage: str, lines: Sequence[str]) -> dict[str, Any]:
         StageFailedError: no such line (the stage exited 0 without reporting a result).
     """
     text_lines = [line.strip() for line in lines if line.strip()]
-    if stage == "prepare":
+    prints_path = output_of(stage) == "dataset"
+    if prints_path:
         if text_lines:
             return {"path": text_lines[-1]}
     else:
@@ -139,7 +142,7 @@ def parse_summary(stage: str, lines: Sequence[str]) -> dict[str, Any]:
                 continue
             if isinstance(value, dict):
                 return value
-    expected = "a directory" if stage == "prepare" else "a one-line JSON summary"
+    expected = "a directory" if prints_path else "a one-line JSON summary"
     tail = "\n".join(text_lines[-5:]) or "(no output)"
     raise StageFailedError(
         stage, f"finished without printing {expected} as its last line; output ended with:\n{tail}"

@@ -50,11 +50,13 @@ from flows.launchers.settings import (
     PodResources,
 )
 
+# Which stages run on Ray, train in their driver, or place roles from a topology: the stage
+# table's (RAY_STAGES is re-exported for the manifests' users).
+from flows.stages import RAY_STAGES, TOPOLOGY_STAGES, TRAINING_DRIVERS  # noqa: F401
+
 if TYPE_CHECKING:
     from llmrl.topology import SchedulingSpec, Topology
 
-RAY_STAGES: tuple[str, ...] = ("sft", "grpo")
-"""Stages that run as a RayJob; the others run as a one-pod Job."""
 # The KubeRay release llmrl pins (the operator the docs install); RayJobs are built for it.
 KUBERAY_VERSION = "1.7.0"
 # KubeRay releases whose CRDs every RayJob the launcher builds is tested against (oldest first).
@@ -64,9 +66,6 @@ DRIVER_RESOURCE = "llmrl_driver"
 """Custom Ray resource of the one node that hosts a RayJob's entrypoint (the driver)."""
 DRIVER_CPUS = 1
 """Ray CPUs the driver reserves (``entrypointNumCpus``); a ``grpo`` head offers exactly these."""
-TRAINING_DRIVERS: tuple[str, ...] = ("sft",)
-"""Ray stages whose driver is the training process (on the trainer group, with its GPUs);
-the driver of the others only orchestrates, from the head."""
 LABEL_RUN, LABEL_STAGE, LABEL_ROLE = "llmrl.io/run", "llmrl.io/stage", "llmrl.io/role"
 LABEL_FLOW_RUN = "llmrl.io/flow-run"
 
@@ -193,10 +192,6 @@ def build_job_manifest(
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
     metadata = object_metadata(name, stage, settings, flow_run_id)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
-
-
-TOPOLOGY_STAGES: tuple[str, ...] = ("grpo",)
-"""Stages that place their roles from a topology: the RayJob hands them its own."""
 
 
 def topology_override(topology: Topology) -> str:

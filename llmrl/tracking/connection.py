@@ -19,16 +19,14 @@ import logging
 import math
 import os
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llmrl.tracking.client import configure_client_env, server_problem
 from llmrl.tracking.spool import (
     Spool,
-    configure_client_env,
     create_run,
     is_transient,
     latest_steps,
@@ -99,7 +97,7 @@ class RunLink:
             leftover = Spool(self.spool_dir / self.run_id)
             if not leftover.empty:
                 self._spool = leftover
-        problem = self._probe()
+        problem = server_problem(self.tracking_uri)
         if problem is None:
             self.ready(force=True)
         else:
@@ -225,19 +223,6 @@ class RunLink:
         except Exception as e:  # never raise for the tracking server
             return not self.failed(e, "the final status")
         return True
-
-    def _probe(self) -> str | None:
-        """None when an http(s) server answers ``/health`` (or the URI is not http), else why."""
-        if not self.tracking_uri.startswith(("http://", "https://")):
-            return None
-        timeout = float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT") or 5)
-        try:
-            with urllib.request.urlopen(self.tracking_uri.rstrip("/") + "/health", timeout=timeout):
-                return None
-        except urllib.error.HTTPError:  # it answered: reachable (auth or proxy quirks)
-            return None
-        except (OSError, ValueError) as e:
-            return f"{type(e).__name__}: {e}"
 
     def _mark_down(self, reason: object) -> None:
         if not self.down:

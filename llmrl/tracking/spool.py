@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from llmrl.tracking.client import configure_client_env
+from llmrl.tracking.experiments import get_or_create_experiment
 
 logger = logging.getLogger("llmrl.tracking")
 
@@ -56,36 +58,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, MlflowException):
         return exc.error_code in _TRANSIENT_CODES
     return isinstance(exc, (OSError, TimeoutError, ConnectionError))
-
-
-def configure_client_env(tracking_uri: str) -> None:
-    """Process-wide MLflow settings for a tracking client of ``tracking_uri``.
-
-    Telemetry off, and for http(s) servers no HTTP retries and a 5 s timeout, so a dead server
-    costs one fast failure (then the tracker spools) instead of minutes of backoff per step. Only
-    defaults: values already in the environment win.
-    """
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    if tracking_uri.startswith(("http://", "https://")):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-
-
-def get_or_create_experiment(client: Any, name: str) -> str:
-    """The id of experiment ``name``, created (or restored from deleted) when needed."""
-    from mlflow.exceptions import MlflowException
-
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(name)
-        except MlflowException as e:  # created concurrently by another process
-            if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            exp = client.get_experiment_by_name(name)
-    if exp.lifecycle_stage == "deleted":
-        client.restore_experiment(exp.experiment_id)
-    return exp.experiment_id
 
 
 def create_run(

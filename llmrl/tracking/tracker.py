@@ -1,13 +1,14 @@
 """`Tracker`: one MLflow run per pipeline stage, which never stops or slows down training.
 
 Every stage (prepare, SFT, GRPO, eval) logs through a ``Tracker``. It talks to MLflow through an
-``MlflowClient`` with explicit run ids (never the fluent "active run"), so a flow's parent
-tracker and a stage's tracker can live in one process. Its promises:
+``MlflowClient`` with explicit run ids (never the fluent "active run"), so a flow's parent run
+(:class:`~llmrl.tracking.PipelineRun`) and a stage's tracker can live in one process. Its promises:
 
-- **Outages** (:mod:`llmrl.tracking.connection`): a call that fails with a connection error
-  marks the server down and the data goes to a local spool (:mod:`llmrl.tracking.spool`); while
-  down, calls only append to the spool and a retry happens at most every ``retry_interval_s``
-  (doubling up to 60 s while it keeps failing), so a dead server costs no per-step timeouts.
+- **Outages** (:mod:`llmrl.tracking.connection`, policy in :mod:`llmrl.tracking.client`): a
+  call that fails with a connection error marks the server down and the data goes to a local
+  spool (:mod:`llmrl.tracking.spool`); while down, calls only append to the spool and a retry
+  happens at most every ``retry_interval_s`` (doubling up to 60 s while it keeps failing), so a
+  dead server costs no per-step timeouts.
   Each call first replays the spool when a retry is due; :meth:`Tracker.finish` replays it
   (``finish_attempts`` tries) and, if the server is still away, leaves it on disk for
   :func:`~llmrl.tracking.flush_spool`. Tracking-server errors never raise. For http(s) URIs
@@ -20,6 +21,10 @@ tracker and a stage's tracker can live in one process. Its promises:
   ones are kept as they were and listed in the tag ``params_changed_on_resume``.
 - **Hygiene**: params are flattened to dotted keys, stringified and truncated to MLflow's limits;
   non-finite metric values are skipped and counted (``stats``).
+- **What a stage read and made**: :meth:`Tracker.log_inputs` records the datasets it read
+  (:mod:`llmrl.tracking.datasets`), :meth:`Tracker.log_model` uploads its final model once and
+  registers it (:mod:`llmrl.tracking.models`). Neither is spooled: while the server is away they
+  are skipped with a warning (the checkpoint stays on disk).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from types import TracebackType
 from typing import Any
 
 from llmrl.tracking.connection import RunLink
+from llmrl.tracking.datasets import DatasetRef, send_inputs
+from llmrl.tracking.models import log_model_dir
 from llmrl.tracking.plots import render_reward_curve
 from llmrl.tracking.spool import (
     MAX_PARAM_VAL_LENGTH,
@@ -377,6 +384,42 @@ class Tracker:
                 logger.warning("reward curve %s not drawn: %s", name, e)
                 return
             self._upload(png, posixpath.dirname(name) or None, ephemeral=True)
+
+    def log_inputs(self, refs: list[DatasetRef]) -> None:
+        """Log the datasets the stage read as the run's inputs
+        (:mod:`llmrl.tracking.datasets`). Not spooled: while the server is away they are
+        skipped, with a warning."""
+        if not self._active() or not refs:
+            return
+        if self._link.ready():
+            try:
+                send_inputs(self._link.client, self.run_id, refs)
+                return
+            except Exception as e:
+                self._link.failed(e, "dataset inputs")
+        logger.warning("stage %r: dataset inputs not logged (MLflow away)", self.stage)
+
+    def log_model(self, model_dir: str | Path, registered_model: str) -> str | None:
+        """Upload the model directory ``model_dir`` as the run's logged model and register it
+        as a version of ``registered_model`` (:mod:`llmrl.tracking.models`); return
+        ``"<name>/<version>"``, or None when it could not be (a warning says why: the
+        checkpoint stays on disk, named in the tag ``llmrl.checkpoint``)."""
+        if not self._active():
+            return None
+        if self._link.ready():
+            try:
+                version = log_model_dir(
+                    self._link.client, self.run_id, model_dir, self.stage, registered_model
+                )
+            except Exception as e:
+                self._link.failed(e, f"model {model_dir}")
+            else:
+                label = f"{version.name}/{version.version}"
+                self.set_tags({"llmrl.registered_model": label})
+                return label
+        logger.warning("stage %r: model %s not registered in MLflow", self.stage, model_dir)
+        self.set_tags({"llmrl.checkpoint": str(Path(model_dir).resolve())})
+        return None
 
     def set_tags(self, tags: dict) -> None:
         """Set run tags (values stringified, truncated to 8000 chars)."""

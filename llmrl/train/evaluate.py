@@ -26,7 +26,7 @@ from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks.base import Problem
 from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
-from llmrl.train.stage import prepared_task, stage_tracker
+from llmrl.train.stage import log_prepared_data, prepared_task, stage_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ def _summarise(
 def _log(config: EvalConfig, report: EvalReport, manifest: dict) -> None:
     with stage_tracker("eval", config) as tracker:
         tracker.log_params({"dataset.digest": manifest.get("digest"), "label": config.label})
+        log_prepared_data(tracker, config.data.path, manifest, ("eval",))
         tracker.log_metrics(report.as_metrics(), step=0)
         rows = [json.loads(line) for line in Path(report.results_path).read_text().splitlines()]
         tracker.log_table(rows[:200], name=f"eval_{config.label}", step=0)

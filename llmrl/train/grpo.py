@@ -25,7 +25,13 @@ from llmrl.data.non_tensor import as_list
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env, ray_session
 from llmrl.train.checkpoint import CheckpointManager
-from llmrl.train.stage import seed_everything, stage_tracker, step_bar
+from llmrl.train.stage import (
+    log_prepared_data,
+    register_final_model,
+    seed_everything,
+    stage_tracker,
+    step_bar,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +95,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                         **runtime.runtime_params(),
                     }
                 )
+                log_prepared_data(tracker, config.data.path, runtime.manifest, ("train",))
                 bar = step_bar("grpo", start, config.steps, config.progress)
                 for step in bar:
                     done = step + 1
@@ -114,6 +121,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                         )
                         tracker.log_checkpoint(Path(path), done)
                 tracker.log_reward_curve({"reward_mean": reward_history})
+                register_final_model(tracker, "grpo", config, checkpoints.latest())
         finally:
             runtime.shutdown()
     final = checkpoints.latest()

@@ -33,8 +33,10 @@ from llmrl.policies import TransformersWrapper
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
 from llmrl.train.stage import (
+    log_prepared_data,
     open_checkpoints,
     prepared_task,
+    register_final_model,
     seed_everything,
     stage_tracker,
     step_bar,
@@ -163,6 +165,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
     train_loss, eval_loss = math.nan, None
     with stage_tracker("sft", config, run_id=run_id, checkpoints=checkpoints) as tracker:
         tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
+        log_prepared_data(tracker, config.data.path, manifest)  # eval rows: eval loss
         bar = step_bar("sft", start, config.steps, config.progress)
         for step in bar:
             step_started = time.perf_counter()
@@ -211,6 +214,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
                 )
                 tracker.log_checkpoint(path, done)
         final = checkpoints.latest()
+        register_final_model(tracker, "sft", config, final)
     return SFTResult(
         step=config.steps,
         final_checkpoint=str(Path(final) / "model") if final else "",

@@ -107,6 +107,39 @@ def stage_tracker(
         yield tracker
 
 
+SPLIT_CONTEXTS = {"train": "training", "eval": "evaluation"}
+"""What a stage uses a prepared split for: the MLflow dataset context of its run input."""
+
+
+def log_prepared_data(
+    tracker: Any,
+    path: str | Path,
+    manifest: dict[str, Any],
+    splits: tuple[str, ...] = ("train", "eval"),
+) -> None:
+    """Log the prepared dataset's ``splits`` the stage read as its run's inputs (contexts:
+    :data:`SPLIT_CONTEXTS`)."""
+    from llmrl.data.prepare import SPLIT_FILES
+    from llmrl.tracking import prepared_inputs
+
+    files = {SPLIT_FILES[split]: SPLIT_CONTEXTS[split] for split in splits}
+    tracker.log_inputs(prepared_inputs(path, manifest, files))
+
+
+def register_final_model(
+    tracker: Any, stage: str, config: StageConfig, checkpoint: Path | None
+) -> str | None:
+    """Log the final checkpoint's ``model/`` directory as the run's model and register it as a
+    version of ``<experiment>-<stage>`` (:mod:`llmrl.tracking.models`); ``"<name>/<version>"``
+    or None (no checkpoint, tracking off or unreachable)."""
+    if checkpoint is None:
+        return None
+    from llmrl.tracking import registered_name
+
+    name = registered_name(config.tracking.experiment, stage)
+    return tracker.log_model(Path(checkpoint) / "model", name)
+
+
 def recorded_run_id(path: Path) -> str | None:
     """The run id :func:`record_run_id` wrote to ``path``, or None (no file, unreadable)."""
     try:

@@ -1,6 +1,7 @@
 """Prefect test helpers shared by ``tests/flows`` and ``tests/reliability``: a launcher that fails
-a given number of times. (The ``prefect_api`` harness fixture is in ``tests/conftest.py``: one
-per session, whichever package asks first.)"""
+a given number of times, and reading what a flow run left (artifacts, logs) from the API. (The
+``prefect_api`` harness fixture is in ``tests/conftest.py``: one per session, whichever package
+asks first.)"""
 
 from __future__ import annotations
 
@@ -21,3 +22,19 @@ class FlakyLauncher:
         if self.calls <= self.failures:
             raise self.error
         return StageResult({"accuracy": 0.5, "num_problems": 4}, "", 0.1)
+
+
+def prefect_client() -> Any:
+    """A synchronous client of the current Prefect API (use it as a context manager)."""
+    from prefect import get_client
+
+    return get_client(sync_client=True)
+
+
+def filter_by_flow_run(what: str, flow_run_id: Any, **extra: Any) -> list[dict[str, Any]]:
+    """POST /<what>/filter by flow run (``artifacts``, ``logs``). (Prefect 3.8's clients send
+    `null` for filters left out, which its server rejects or turns into joins, so the request is
+    written here.)"""
+    body = {what: {"flow_run_id": {"any_": [str(flow_run_id)]}}, "limit": 200, "offset": 0}
+    with prefect_client() as client:
+        return client.request("POST", f"/{what}/filter", json={**body, **extra}).json()

@@ -9,6 +9,7 @@ SFT override must fail with the stage's own message and no retry.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,14 @@ import pytest
 
 from flows.launchers import StageConfigError, TransientStageError
 from flows.pipeline import RUN_ORDER, PipelineParams, StageCall, pipeline, run_stage
-from tests.flows.prefect_harness import FlakyLauncher
+from tests.flows.prefect_harness import FlakyLauncher, filter_by_flow_run, prefect_client
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 EVALUATED = ("eval-base", "eval-sft", "eval-grpo")
-CHILD_RUNS = {"sft", "grpo", *EVALUATED}
+CHILD_RUNS = {"prepare", "sft", "grpo", *EVALUATED}
+TRAINED = ("sft", "grpo")
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +71,6 @@ def first_run(prefect_api, params: PipelineParams) -> Any:
     return pipeline(params, return_state=True)
 
 
-def _client() -> Any:
-    from prefect import get_client
-
-    return get_client(sync_client=True)
-
-
 def _mlflow(params: PipelineParams) -> Any:
     from mlflow import MlflowClient
 
@@ -95,19 +91,11 @@ def _children(params: PipelineParams, parent_id: str) -> dict[str, Any]:
     }
 
 
-def _filter(what: str, flow_run_id: Any, **extra: Any) -> list[dict[str, Any]]:
-    """POST /<what>/filter by flow run. (Prefect 3.8's clients send `null` for filters left
-    out, which its server rejects or turns into joins, so the request is written here.)"""
-    body = {what: {"flow_run_id": {"any_": [str(flow_run_id)]}}, "limit": 200, "offset": 0}
-    with _client() as client:
-        return client.request("POST", f"/{what}/filter", json={**body, **extra}).json()
-
-
 def _logs(flow_run_id: Any, text: str) -> list[str]:
     from prefect.logging.handlers import APILogHandler
 
     APILogHandler().flush()
-    logs = _filter("logs", flow_run_id, sort="TIMESTAMP_ASC")
+    logs = filter_by_flow_run("logs", flow_run_id, sort="TIMESTAMP_ASC")
     return [log["message"] for log in logs if text in log["message"]]
 
 
@@ -122,7 +110,7 @@ def test_pipeline_completes_with_artifacts(first_run) -> None:
         assert 0.0 <= row["accuracy"] <= 1.0
         assert row["num_problems"] == 5
     flow_run_id = first_run.state_details.flow_run_id
-    artifacts = _filter("artifacts", flow_run_id, sort="CREATED_DESC")
+    artifacts = filter_by_flow_run("artifacts", flow_run_id, sort="CREATED_DESC")
     by_key = {a["key"]: a for a in artifacts}
     assert by_key["llmrl-pipeline-summary"]["type"] == "markdown"
     markdown = by_key["llmrl-pipeline-summary"]["data"]
@@ -133,15 +121,38 @@ def test_pipeline_completes_with_artifacts(first_run) -> None:
     progress = by_key["llmrl-pipeline-progress"]
     assert progress["type"] == "progress"
     assert float(progress["data"]) == 100.0
+    link = summary["mlflow"]["parent_link"]
+    assert link.startswith("http://127.0.0.1:5000/#/experiments/")
+    assert by_key["llmrl-mlflow-run"]["data"] == (
+        f"[MLflow run {summary['mlflow']['parent_run_id']} (experiment flow-test)]({link})"
+    )
+
+
+@pytest.mark.slow
+def test_flow_run_is_named_and_tagged_from_its_configs(first_run, tiny_dir: Path) -> None:
+    with prefect_client() as client:
+        run = client.read_flow_run(first_run.state_details.flow_run_id)
+        task_runs = filter_by_flow_run("task_runs", run.id)
+    assert re.fullmatch(rf"{tiny_dir.name}-arithmetic-\d{{8}}-\d{{4}}", run.name), run.name
+    tags = {f"model:{tiny_dir.name}", "task:arithmetic", "launcher:local"}
+    assert tags <= set(run.tags)
+    stage_runs = [t for t in task_runs if t["name"] in RUN_ORDER]
+    assert len(stage_runs) == len(RUN_ORDER)
+    assert all(tags <= set(t["tags"]) for t in stage_runs)
 
 
 @pytest.mark.slow
 def test_every_stage_nests_its_mlflow_run_under_the_parent(first_run, params) -> None:
     summary = first_run.result()
     parent_id = summary["mlflow"]["parent_run_id"]
-    parent = _mlflow(params).get_run(parent_id)
+    client = _mlflow(params)
+    parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED"
-    assert parent.data.tags["prefect.flow_run_id"] == str(first_run.state_details.flow_run_id)
+    flow_run_id = str(first_run.state_details.flow_run_id)
+    assert parent.data.tags["prefect.flow_run_id"] == flow_run_id
+    assert parent.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}")
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert {"accuracy_base", "accuracy_sft", "accuracy_grpo", "seconds_sft"} <= set(
         parent.data.metrics
     )
@@ -152,10 +163,43 @@ def test_every_stage_nests_its_mlflow_run_under_the_parent(first_run, params) ->
     for name in EVALUATED:
         assert "accuracy" in children[name].data.metrics
     stages = {s["name"]: s for s in summary["stages"]}
-    assert stages["sft"]["mlflow_run_id"] == children["sft"].info.run_id
+    for name, child in children.items():
+        assert stages[name]["mlflow_run_id"] == child.info.run_id
+        assert parent.data.tags[f"llmrl.run.{name}"] == child.info.run_id
     # Artifacts (checkpoints, samples) stay beside the SQLite store, not in the working dir.
     store = Path(params.tracking_uri().removeprefix("sqlite:///")).parent
     assert children["sft"].info.artifact_uri.startswith(str(store / "mlruns" / "flow-test"))
+
+
+@pytest.mark.slow
+def test_stage_runs_log_their_datasets_and_register_their_final_models(first_run, params) -> None:
+    import mlflow
+
+    summary = first_run.result()
+    children = _children(params, summary["mlflow"]["parent_run_id"])
+    dataset = Path(summary["stages"][0]["summary"]["path"])
+    contexts = {"prepare": {"train", "eval"}, "sft": {"train", "eval"}, "grpo": {"train"}}
+    contexts |= {name: {"eval"} for name in EVALUATED}
+    for name, expected in contexts.items():
+        inputs = _mlflow(params).get_run(children[name].info.run_id).inputs.dataset_inputs
+        assert {i.dataset.name for i in inputs} == {f"{dataset.name}/{s}" for s in expected}
+        for item in inputs:
+            assert str(dataset) in item.dataset.source
+            context = {t.key: t.value for t in item.tags}["mlflow.data.context"]
+            assert context == ("training" if item.dataset.name.endswith("train") else "evaluation")
+    client = _mlflow(params)
+    for name in TRAINED:
+        (version,) = client.search_model_versions(f"name = 'flow-test-{name}'")
+        assert version.run_id == children[name].info.run_id
+        files = mlflow.artifacts.list_artifacts(
+            client.get_model_version_download_uri(version.name, version.version)
+        )
+        assert {"config.json", "model.safetensors", "MLmodel"} <= {Path(f.path).name for f in files}
+        checkpoint = Path(summary["stages"][RUN_ORDER.index(name)]["summary"]["final_checkpoint"])
+        (output,) = client.get_run(version.run_id).outputs.model_outputs
+        logged = client.get_logged_model(output.model_id)
+        assert logged.tags["llmrl.checkpoint"] == str(checkpoint.resolve())
+    assert not client.search_model_versions("name = 'flow-test-eval'")
 
 
 @pytest.mark.slow
@@ -167,9 +211,17 @@ def test_a_second_run_skips_finished_stages(first_run, params) -> None:
     summary = second.result()
     assert {s["status"] for s in summary["stages"]} == {"skipped"}
     assert summary["evaluation"] == first_run.result()["evaluation"]
-    # Only the new parent run: no stage ran, so no child run was created.
+    # Only the new parent run: no stage ran, so no child run was created; the parent names
+    # the runs its reused results came from, and no model version was added.
     assert len(_runs(params)) == runs_before + 1
     assert _children(params, summary["mlflow"]["parent_run_id"]) == {}
+    parent = _mlflow(params).get_run(summary["mlflow"]["parent_run_id"])
+    first_stages = first_run.result()["stages"]
+    assert {name: parent.data.tags[f"llmrl.run.{name}"] for name in RUN_ORDER} == {
+        s["name"]: s["mlflow_run_id"] for s in first_stages
+    }
+    for name in TRAINED:
+        assert len(_mlflow(params).search_model_versions(f"name = 'flow-test-{name}'")) == 1
     skipped = _logs(second.state_details.flow_run_id, "finished in a previous run")
     assert {message.split(":")[0] for message in skipped} == {
         f"skipping {name}" for name in RUN_ORDER
@@ -197,7 +249,7 @@ def test_an_invalid_stage_config_fails_the_flow_with_its_message(first_run, para
     assert isinstance(error, StageConfigError)
     assert "optimizer.lr" in str(error)
     assert "greater than 0" in str(error)
-    with _client() as client:
+    with prefect_client() as client:
         (task_run,) = client.read_task_runs(
             flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[state.state_details.flow_run_id])

@@ -14,8 +14,6 @@ from flows.pipeline import (
     RUN_ORDER,
     PipelineParams,
     StageStore,
-    Tracking,
-    artifact_location,
     build_summary,
     given_result,
     plan_stage,
@@ -23,6 +21,7 @@ from flows.pipeline import (
     retry_transient,
     stage_key,
 )
+from llmrl.tracking import PipelineRun
 
 PREPARED = {"prepare": {"summary": {"path": "/data/arithmetic-1"}}}
 
@@ -52,7 +51,7 @@ def test_params_validate_stage_names_and_overrides() -> None:
         PipelineParams(overrides={"sft": ["steps"]})
     with pytest.raises(ValidationError, match="unknown stages"):
         PipelineParams(skip=["rlhf"])
-    with pytest.raises(ValidationError, match="only prepare, sft and grpo"):
+    with pytest.raises(ValidationError, match="only prepare, sft, grpo"):
         PipelineParams(start_from={"eval": "/x"})
     with pytest.raises(ValidationError, match="extra"):
         PipelineParams.model_validate({"stpes": 3})
@@ -151,7 +150,9 @@ def test_only_transient_errors_are_retried() -> None:
 
 
 def test_summary_and_markdown() -> None:
-    tracking = Tracking("sqlite:////x/mlflow.db", "llmrl", "1", "parent123")
+    tracking = PipelineRun(
+        "sqlite:////x/mlflow.db", "llmrl", "1", "parent123", "http://127.0.0.1:5000"
+    )
     records = {
         "prepare": {"summary": {"path": "/d"}, "seconds": 2.0, "status": "ran"},
         "sft": {
@@ -213,12 +214,6 @@ def test_command_line_becomes_params() -> None:
         params_from_args(build_parser().parse_args(["--set", "steps=5"]))
 
 
-def test_artifacts_of_a_sqlite_store_stay_beside_it(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert artifact_location(uri, "llmrl") == str(tmp_path / "mlruns" / "llmrl")
-    assert artifact_location("http://mlflow:5000", "llmrl") is None
-
-
 def test_start_from_replaces_a_stage_with_a_path(params, tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt" / "model"
     checkpoint.mkdir(parents=True)
@@ -230,3 +225,66 @@ def test_start_from_replaces_a_stage_with_a_path(params, tmp_path: Path) -> None
     assert given_result("prepare", str(tmp_path))["summary"] == {"path": str(tmp_path)}
     with pytest.raises(StageFailedError, match="does not exist"):
         given_result("grpo", str(tmp_path / "missing"))
+
+
+def test_run_names_and_tags_come_from_configs_and_overrides(params, tmp_path: Path) -> None:
+    Path(params.sft_config).write_text("model:\n  name: smollm2-135m-instruct\n", "utf-8")
+    Path(params.prepare_config).write_text("task: arithmetic\n", "utf-8")
+    assert params.setting("sft", "model.name") == "smollm2-135m-instruct"
+    assert params.setting("sft", "steps") == 3  # the override, as YAML
+    assert params.setting("grpo", "model.name") is None
+    assert params.run_tags() == [
+        "model:smollm2-135m-instruct",
+        "task:arithmetic",
+        "launcher:local",
+    ]
+    local = params.model_copy(
+        update={
+            "overrides": {"sft": ["model.name=/models/tiny-llama/"], "prepare": ["task=gsm8k"]},
+            "launcher": "kubernetes",
+        }
+    )
+    assert (local.model_label(), local.task_label()) == ("tiny-llama", "gsm8k")
+    given = params.model_copy(update={"start_from": {"prepare": "/d/countdown-0123abcd"}})
+    assert given.task_label() == "countdown"
+    missing = PipelineParams(sft_config=str(tmp_path / "none.yaml"))
+    assert (missing.model_label(), missing.setting("sft", "model.name")) == ("model", None)
+
+
+def test_flow_run_url_uses_the_prefect_ui_address(monkeypatch) -> None:
+    from prefect.settings import PREFECT_UI_URL, temporary_settings
+
+    from flows.pipeline import flow_run_url
+
+    assert flow_run_url(None) is None
+    with temporary_settings(updates={PREFECT_UI_URL: "https://prefect.example.org"}):
+        assert flow_run_url("abc") == "https://prefect.example.org/runs/flow-run/abc"
+
+
+def test_cancellation_hook_deletes_cluster_resources_only_on_kubernetes(monkeypatch) -> None:
+    from uuid import uuid4
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED, temporary_settings
+
+    import flows.launchers.kubernetes as kubernetes
+    from flows.pipeline import delete_cluster_resources, pipeline
+
+    calls = []
+
+    def delete(settings, flow_run_id, *, api_client=None):
+        calls.append((settings.namespace, flow_run_id))
+        return ["rayjob/grpo-1"]
+
+    def run(params: dict) -> FlowRun:
+        return FlowRun(id=uuid4(), name="r", flow_id=uuid4(), parameters={"params": params})
+
+    monkeypatch.setattr(kubernetes, "delete_flow_run_resources", delete)
+    state = SimpleNamespace(name="Cancelled")
+    cluster = run({"launcher": "kubernetes", "kubernetes": {"namespace": "team"}})
+    with temporary_settings(updates={PREFECT_LOGGING_TO_API_ENABLED: False}):  # no API here
+        delete_cluster_resources(pipeline, run({"launcher": "local"}), state)
+        assert calls == []
+        delete_cluster_resources(pipeline, cluster, state)
+    assert calls == [("team", str(cluster.id))]
+    assert pipeline.on_cancellation_hooks == pipeline.on_crashed_hooks == [delete_cluster_resources]

@@ -218,12 +218,13 @@ def test_killed_flow_reruns_skipping_finished_stages_and_resuming_grpo(
     assert run_id_of(final) == grpo_run
     assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")]
 
-    # MLflow: one SFT run and one GRPO run (continued, every step once), two pipeline runs.
+    # MLflow: one prepare, one SFT and one GRPO run (continued, every step once), two pipeline runs.
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id])
     names = sorted(run.info.run_name for run in runs)
-    assert names == ["grpo", *sorted(n for n in names if n.startswith("pipeline-")), "sft"]
+    pipelines = sorted(n for n in names if n.startswith("pipeline-"))
+    assert names == ["grpo", *pipelines, "prepare", "sft"]  # prepare ran once: reused on re-run
     parents = [run for run in runs if run.info.run_name.startswith("pipeline-")]
     assert len(parents) == 2
     (grpo,) = [run for run in runs if run.info.run_name == "grpo"]

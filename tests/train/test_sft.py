@@ -137,3 +137,15 @@ def test_sft_logs_to_a_real_mlflow_server(arithmetic_data, tiny_model_dir, mlflo
     assert run.data.metrics["loss"] == pytest.approx(result.train_loss)
     assert any(a.path == "checkpoints" for a in client.list_artifacts(run.info.run_id))
     assert not Path("spool").exists() or not any(Path("spool").rglob("*.jsonl"))
+    # The final model, uploaded through the server into the registry, and the data read.
+    (version,) = client.search_model_versions("name = 'llmrl-sft'")
+    assert version.run_id == run.info.run_id
+    assert run.data.tags["llmrl.registered_model"] == f"llmrl-sft/{version.version}"
+    (output,) = run.outputs.model_outputs
+    files = {f.path for f in client.list_logged_model_artifacts(output.model_id)}
+    assert {"config.json", "model.safetensors", "MLmodel"} <= files
+    contexts = {
+        i.dataset.name.rsplit("/", 1)[1]: {t.key: t.value for t in i.tags}["mlflow.data.context"]
+        for i in run.inputs.dataset_inputs
+    }
+    assert contexts == {"train": "training", "eval": "evaluation"}

@@ -1,0 +1,53 @@
+"""The MLflow experiment every llmrl run goes into: where its artifacts live and how the UI
+shows it.
+
+- **Artifacts beside a SQLite store**: an experiment created on ``sqlite:///<dir>/mlflow.db``
+  keeps its artifacts in ``<dir>/mlruns/<experiment>`` (MLflow would use ``./mlruns`` of whatever
+  directory the creating process ran in); other stores use the server's default.
+- **Experiment kind**: MLflow 3's UI picks an experiment's layout from the experiment tag
+  ``mlflow.experimentKind`` (:data:`EXPERIMENT_KIND_TAG`): ``genai_development`` opens on traces,
+  ``custom_model_development`` (:data:`EXPERIMENT_KIND`, "Machine learning" in its selector) on
+  runs, metrics and models, which is what a training experiment wants. The tag is set when the
+  experiment is created, and on an existing experiment that has none; a kind someone chose in
+  the UI is kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""The model-training kind of MLflow 3's experiment-kind selector."""
+
+
+def artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: ``<db folder>/mlruns/<experiment>`` for a
+    SQLite store, None (the server's default) for others."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return str(Path(tracking_uri.removeprefix(prefix)).resolve().parent / "mlruns" / experiment)
+
+
+def get_or_create_experiment(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created (or restored from deleted) when needed, with the
+    model-training kind tag."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        location = artifact_location(client.tracking_uri, name)
+        tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        try:
+            return client.create_experiment(name, artifact_location=location, tags=tags)
+        except MlflowException as error:  # created concurrently by another process
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment.experiment_id
