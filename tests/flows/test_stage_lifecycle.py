@@ -134,7 +134,7 @@ def test_a_killed_flow_run_pod_takes_its_running_stage_with_it(monkeypatch) -> N
         (rayjob,) = _stored(fake, "rayjobs")
         assert rayjob["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
         assert fake.delete_object("pods", "llmrl", pod["metadata"]["name"])
-        thread.join(timeout=10)
+        thread.join(timeout=120)
         assert "was deleted" in str(outcome["error"])
         assert _stored(fake, "rayjobs") == [] and _stored(fake, "pods") == []
 
@@ -151,7 +151,7 @@ def test_cancel_hook_deletes_only_the_flow_runs_stages(tmp_path) -> None:
         _wait_for(lambda: len(_stored(fake, "rayjobs")) == 1 and len(_stored(fake, "jobs")) == 1)
         deleted = delete_flow_run_resources(_settings(), "fr-ours", api_client=client)
         assert len(deleted) == 1 and deleted[0].startswith("RayJob/llmrl-grpo-")
-        ours_thread.join(timeout=10)
+        ours_thread.join(timeout=120)
         assert "was deleted" in str(ours_outcome["error"])
         assert _stored(fake, "rayjobs") == []
         assert len(_stored(fake, "jobs")) == 1  # the other flow run's stage keeps running
@@ -159,7 +159,7 @@ def test_cancel_hook_deletes_only_the_flow_runs_stages(tmp_path) -> None:
         their_job = _stored(fake, "jobs")[0]["metadata"]["name"]
         deleted = delete_flow_run_resources(_settings(), "fr-theirs", api_client=client)
         assert deleted == [f"Job/{their_job}"]
-        theirs_thread.join(timeout=10)
+        theirs_thread.join(timeout=120)
         assert "was deleted" in str(theirs_outcome["error"])
 
 
