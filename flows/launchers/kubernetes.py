@@ -479,8 +479,14 @@ class _Run:
                         "namespace": self.namespace,
                         "field_selector": f"metadata.name={self.name}",
                     }
-                    if resource_version:
-                        kwargs["resource_version"] = resource_version
+                    if not resource_version:  # list, then watch from there
+                        obj = self._current(kwargs)
+                        resource_version = obj["metadata"].get("resourceVersion")
+                        state, message = outcome_of(obj)
+                        pods = self.check_pods()
+                        if state != "running":
+                            return self.finish(state, message, pods)
+                    kwargs["resource_version"] = resource_version
                     for event in watch.Watch().stream(
                         self._list_function(), timeout_seconds=self.settings.watch_window_s,
                         **self._list_args(), **kwargs,
@@ -502,6 +508,16 @@ class _Run:
                     raise
                 self.logger.warning("%s: %s; watching again", self.label, error.message)
                 time.sleep(min(5.0, self.settings.watch_window_s))
+
+    def _current(self, selection: dict[str, Any]) -> dict[str, Any]:
+        """The run's Job or RayJob as it is now. A watch only reports changes, so one started
+        after the object was deleted (e.g. garbage-collected with the flow-run pod) would wait
+        forever: an object that is gone fails the stage here."""
+        response = self._list_function()(**self._list_args(), **selection, _preload_content=False)
+        items = json.loads(response.data).get("items") or []
+        if not items:
+            raise StageFailedError(self.label, f"{self.name} was deleted")
+        return items[0]
 
     def _list_function(self) -> Any:
         if self.kind == "rayjob":

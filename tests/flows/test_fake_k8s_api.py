@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -282,11 +283,14 @@ def test_a_watch_sends_added_modified_and_deleted() -> None:
         def change_then_delete() -> None:
             patch = {"metadata": {"labels": {"x": "1"}}}
             call(fake, "PATCH", f"{CONFIGMAPS}/w", patch, "application/merge-patch+json")
+            # The fake reports the states it sees when it wakes, so a deletion right after the
+            # patch could hide the MODIFIED event on a loaded machine: let the watch see it.
+            time.sleep(0.3)
             fake.delete_object("configmaps", NS, "w")
 
         timer = threading.Timer(0.2, change_then_delete)
         timer.start()
-        url = f"{CONFIGMAPS}?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3Dw"
+        url = f"{CONFIGMAPS}?watch=true&timeoutSeconds=2&fieldSelector=metadata.name%3Dw"
         code, text, _ = call(fake, "GET", url)
         timer.join()
     events = [json.loads(line) for line in text.splitlines()]

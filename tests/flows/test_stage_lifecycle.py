@@ -121,7 +121,6 @@ def test_stage_objects_carry_the_flow_run_and_its_pod_as_owner(tmp_path, monkeyp
     )  # eval's GPUs follow the topology (it has some)
 
 
-@pytest.mark.skip(reason="regressed at the end of the 2026-11-23 session: the launcher no longer sees the garbage-collected RayJob; open follow-up in issue 15 note")
 def test_a_killed_flow_run_pod_takes_its_running_stage_with_it(monkeypatch) -> None:
     """The flow-run pod is deleted (cancelled flow run: the worker deletes its Job; crashed:
     the Job's TTL): the garbage collector deletes the RayJob it owns, whose Ray cluster goes."""
