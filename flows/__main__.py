@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flows.stages import COMMANDS, TITLES
+from flows.stages import COMMANDS
 
 COMPARE = "compare"
 """The first argument that selects the comparison command instead of a pipeline run."""
@@ -124,13 +124,11 @@ def params_from_args(args: argparse.Namespace) -> Any:
 
 
 def format_report(summary: Mapping[str, Any], flow_run_id: str | None) -> str:
-    """The before/after table, the stage times, and where to look at the run."""
-    lines = ["", "Held-out accuracy"]
-    lines.append(f"  {'model':<12} {'accuracy':>9} {'problems':>9}")
-    for row in summary["evaluation"]:
-        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
-        label = TITLES.get(row["model"], row["model"])
-        lines.append(f"  {label:<12} {accuracy:>9} {row['num_problems'] or '-':>9}")
+    """The held-out table (gains with their paired 95% intervals, accuracy per problem kind),
+    the stage times, and where to look at the run."""
+    from flows.summary import evaluation_lines
+
+    lines = ["", *evaluation_lines(summary)]
     lines += ["", "Wall time per stage", f"  {'stage':<10} {'status':<8} {'seconds':>8}"]
     total = 0.0
     for stage in summary["stages"]:

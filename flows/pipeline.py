@@ -14,7 +14,11 @@ checkpoint instead of running a stage.
 **Tracking** goes through :mod:`llmrl.tracking` (the one MLflow adapter): the flow opens one
 MLflow parent run (:class:`~llmrl.tracking.PipelineRun`) and passes ``MLFLOW_PARENT_RUN_ID`` and
 ``MLFLOW_TRACKING_URI`` to every stage, whose own runs nest under it (tag
-``mlflow.parentRunId``). The parent gets the before/after accuracies and stage times, the tags
+``mlflow.parentRunId``). The parent gets the before/after accuracies (``accuracy_<model>``), the
+gains between models with their paired 95% intervals and McNemar p-values
+(``gain/<after>_over_<before>`` and its ``_ci_low``, ``_ci_high``, ``_p_mcnemar``; see
+:mod:`flows.summary`), the stage times, the summary as artifacts (``pipeline_summary.md``,
+``evaluation.json`` with the accuracy per problem kind), the tags
 ``prefect.flow_run_id`` / ``prefect.flow_run_url`` (this flow run in the Prefect UI) and
 ``llmrl.run.<stage>`` (the run of each stage's result); the flow run gets a link artifact to the
 parent run in the MLflow UI (``mlflow_ui_url``).
@@ -39,7 +43,8 @@ code 2) or a failed stage fails the flow at once with the stage's own message. A
 crashed flow run on the ``kubernetes`` launcher deletes the Jobs and RayJobs it launched.
 
 **Artifacts** on the flow run: a progress bar updated as stages start and end, a markdown
-summary (stage times, metrics, MLflow links) and a table of the evaluation results.
+summary (held-out accuracy with each gain's paired 95% interval and McNemar p, accuracy per
+problem kind, stage times, MLflow links) and the held-out table.
 
 Example::
 
@@ -82,7 +87,7 @@ from flows.launchers import (
     TransientStageError,
 )
 from flows.stages import ALIASES, COMMANDS, RUN_ORDER, SPECS, STARTABLE, command_of
-from flows.summary import build_summary, render_markdown
+from flows.summary import build_summary, evaluation_records, render_markdown
 from llmrl.tracking import PipelineRun
 from llmrl.tracking.pipeline_run import stage_run_tag
 
@@ -442,23 +447,46 @@ def run_stage(
     return {**record, "status": "ran"}
 
 
+SUMMARY_ARTIFACT = "pipeline_summary.md"
+"""The parent run's copy of the markdown summary."""
+EVALUATION_ARTIFACT = "evaluation.json"
+"""The parent run's evaluation data: per model its accuracy and accuracy per problem kind, and
+the gains between models with their intervals and McNemar p-values."""
+
+
 @task(name="summary", cache_policy=NO_CACHE)
 def summarize(
     params: PipelineParams, tracking: PipelineRun, records: Mapping[str, dict]
 ) -> dict[str, Any]:
-    """Publish the markdown summary and the evaluation table; return the pipeline's summary."""
+    """Publish the markdown summary and the evaluation table (on the flow run and the MLflow
+    parent run); return the pipeline's summary."""
     summary = build_summary(params, tracking, records, flow_run.get_name() or "local")
+    markdown = render_markdown(summary)
     create_markdown_artifact(
-        render_markdown(summary),
+        markdown,
         key="llmrl-pipeline-summary",
-        description="stage times, metrics before/after, MLflow runs",
+        description="held-out accuracy with paired 95% intervals of the gains, per-kind "
+        "accuracy, stage times, MLflow runs",
     )
     create_table_artifact(
-        summary["evaluation"] or [{"model": "-", "accuracy": None}],
+        evaluation_records(summary) or [{"model": "-", "accuracy": None}],
         key="llmrl-evaluation",
-        description="held-out accuracy of the base model, after SFT and after GRPO",
+        description="held-out accuracy of the base model, after SFT and after GRPO: gains with "
+        "paired 95% intervals and McNemar p, correct/total per problem kind",
     )
+    log_summary_artifacts(tracking, summary, markdown)
     return summary
+
+
+def log_summary_artifacts(tracking: PipelineRun, summary: Mapping[str, Any], markdown: str) -> None:
+    """Store the summary on the MLflow parent run: :data:`SUMMARY_ARTIFACT` (the markdown) and
+    :data:`EVALUATION_ARTIFACT`. Best effort: the metrics still go with the run's closing."""
+    evaluation = {key: summary[key] for key in ("evaluation", "gains", "kinds")}
+    try:
+        tracking.log_text(markdown, SUMMARY_ARTIFACT)
+        tracking.log_dict(evaluation, EVALUATION_ARTIFACT)
+    except Exception as error:
+        get_run_logger().warning("could not store the summary on the MLflow run: %s", error)
 
 
 class _Progress:

@@ -2,7 +2,8 @@
 
 Every stage of a pipeline logs its own run through a :class:`~llmrl.tracking.Tracker`, nested
 under this parent (:meth:`PipelineRun.stage_env` is what a stage process needs for that). The
-flow itself only opens the parent, tags it, finds the stages' runs and closes it.
+flow itself only opens the parent, tags it, finds the stages' runs, stores the pipeline's summary
+on it (:meth:`PipelineRun.log_text`, :meth:`PipelineRun.log_dict`) and closes it.
 
 Unlike a stage's tracker, which spools through an outage, every method here raises when MLflow
 does not answer (:class:`~llmrl.tracking.client.TrackingUnavailableError` within
@@ -40,11 +41,20 @@ STAGE_RUN_TAG_PREFIX = "llmrl.run."
 produced it, also when a later pipeline run reused it)."""
 ACCURACY_PREFIX = "accuracy_"
 """Parent-run metrics ``accuracy_<model>``: held-out accuracy of the base model, after SFT..."""
+GAIN_PREFIX = "gain/"
+"""Parent-run metrics ``gain/<after>_over_<before>``: accuracy gains on the same problems."""
 
 
 def accuracy_key(model: str) -> str:
     """The parent-run metric of ``model``'s held-out accuracy: ``accuracy_<model>``."""
     return f"{ACCURACY_PREFIX}{model}"
+
+
+def gain_key(after: str, before: str) -> str:
+    """The parent-run metric of ``after``'s accuracy gain over ``before``:
+    ``gain/<after>_over_<before>``; its interval and McNemar p-value add ``_ci_low``,
+    ``_ci_high`` and ``_p_mcnemar``."""
+    return f"{GAIN_PREFIX}{after}_over_{before}"
 
 
 def stage_run_tag(name: str) -> str:
@@ -108,6 +118,14 @@ class PipelineRun:
     def log_inputs(self, refs: list[DatasetRef]) -> None:
         """Log datasets as the parent run's inputs."""
         send_inputs(mlflow_client(self.uri), self.run_id, refs)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Store ``text`` as the parent run's artifact ``artifact_file`` (e.g. a markdown file)."""
+        mlflow_client(self.uri).log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        """Store ``data`` as the parent run's JSON artifact ``artifact_file``."""
+        mlflow_client(self.uri).log_dict(self.run_id, dict(data), artifact_file)
 
     def find_child(self, name: str) -> str | None:
         """The id of the newest run named ``name`` nested under the parent, if there is one."""

@@ -2,7 +2,15 @@
 
 Problems are asked exactly as during training (the task's instructions as system prompt, via a
 :class:`TaskEnv`), answers are scored by the task's parser, and every row's result is written to
-``results.jsonl`` next to a ``summary.json``.
+``results.jsonl`` (``id``, ``prompt``, ``answer``, ``kind``, ``correct``, ``response``) next to a
+``summary.json`` (the :class:`EvalReport`).
+
+Each problem's *kind* is what its task calls it (:func:`~llmrl.eval.kinds.problem_kind`: the
+arithmetic task's operators, ``"+"`` or ``"+*"``; None for tasks without kinds); the report
+holds the greedy accuracy per kind, logged as ``accuracy_by_kind/<kind>`` metrics
+(:func:`~llmrl.eval.kinds.kind_metric_name`: ``accuracy_by_kind/add`` for ``"+"``), and which
+problem ids were answered correctly, so two evaluations on the same problems can be compared
+pair by pair (:mod:`llmrl.eval.paired`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from llmrl.config.loading import ConfigError
 from llmrl.data.non_tensor import as_list
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
-from llmrl.envs.tasks.base import Problem
+from llmrl.envs.tasks.base import Problem, Task
+from llmrl.eval.kinds import accuracy_by_kind, kind_metrics, problem_kind
 from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
 from llmrl.train.stage import log_prepared_data, prepared_task, stage_tracker
@@ -33,7 +42,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EvalReport:
-    """What an evaluation found."""
+    """What an evaluation found.
+
+    ``accuracy_by_kind``: ``{kind: {"correct", "total", "accuracy"}}`` of the greedy answers
+    (empty for a task without kinds); ``outcomes``: per problem id, whether its greedy answer was
+    right (what a paired comparison of two evaluations needs).
+    """
 
     label: str
     accuracy: float
@@ -41,10 +55,14 @@ class EvalReport:
     num_problems: int = 0
     seconds: float = 0.0
     results_path: str = ""
+    accuracy_by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
+    outcomes: dict[str, bool] = field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, float]:
+        """The evaluation run's metrics: accuracy, time, pass@k, ``accuracy_by_kind/<kind>``."""
         metrics = {"accuracy": self.accuracy, "eval_seconds": self.seconds}
         metrics.update({f"pass_at_{k}": v for k, v in self.pass_at.items()})
+        metrics.update(kind_metrics(self.accuracy_by_kind))
         return metrics
 
 
@@ -110,13 +128,15 @@ def evaluate(config: EvalConfig) -> EvalReport:
             sampled = _answer_all(
                 env(config.num_samples), sampler, config.num_samples, config.progress, "eval pass@k"
             )
-    report = _summarise(config, problems, greedy_answers, sampled, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    report = _summarise(config, task, problems, greedy_answers, sampled, seconds)
     _log(config, report, manifest)
     return report
 
 
 def _summarise(
     config: EvalConfig,
+    task: Task,
     problems: list[Problem],
     greedy: dict[str, list[tuple[bool, str]]],
     sampled: dict[str, list[tuple[bool, str]]],
@@ -128,7 +148,7 @@ def _summarise(
     for problem in problems:
         correct, response = greedy[problem.id][0]
         row = {"id": problem.id, "prompt": problem.prompt, "answer": problem.answer}
-        row.update(correct=correct, response=response)
+        row.update(kind=problem_kind(task, problem), correct=correct, response=response)
         if sampled:
             row["sampled_correct"] = sum(c for c, _ in sampled[problem.id])
         rows.append(row)
@@ -140,12 +160,25 @@ def _summarise(
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     results = out_dir / "results.jsonl"
     _write_atomic(results, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    report = EvalReport(config.label, accuracy, pass_at, len(rows), seconds, str(results))
+    report = EvalReport(
+        config.label,
+        accuracy,
+        pass_at,
+        len(rows),
+        seconds,
+        str(results),
+        accuracy_by_kind=accuracy_by_kind((r["kind"], r["correct"]) for r in rows),
+        outcomes={r["id"]: r["correct"] for r in rows},
+    )
     summary = {**report.__dict__, "pass_at": {str(k): v for k, v in pass_at.items()}}
     _write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     logger.info(
         "%s: accuracy %.3f on %d problems (%.0f s)", config.label, accuracy, len(rows), seconds
     )
+    if report.accuracy_by_kind:
+        kinds = report.accuracy_by_kind.items()
+        text = ", ".join(f"{kind} {c['correct']}/{c['total']}" for kind, c in kinds)
+        logger.info("%s: correct per kind: %s", config.label, text)
     return report
 
 

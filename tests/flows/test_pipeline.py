@@ -109,15 +109,27 @@ def test_pipeline_completes_with_artifacts(first_run) -> None:
     for row in summary["evaluation"]:
         assert 0.0 <= row["accuracy"] <= 1.0
         assert row["num_problems"] == 5
+        assert sum(c["total"] for c in row["accuracy_by_kind"].values()) == 5
+        assert set(row["accuracy_by_kind"]) <= {"+", "-", "*"}  # the operators of each problem
+    gains = {(g["after"], g["before"]): g for g in summary["gains"]}
+    assert list(gains) == [("sft", "base"), ("grpo", "sft"), ("grpo", "base")]
+    for gain in gains.values():  # paired over the same 5 problems
+        assert gain["note"] is None and gain["num_problems"] == 5
+        assert gain["ci_low"] <= gain["gain"] <= gain["ci_high"] and 0.0 < gain["p_value"] <= 1.0
     flow_run_id = first_run.state_details.flow_run_id
     artifacts = filter_by_flow_run("artifacts", flow_run_id, sort="CREATED_DESC")
     by_key = {a["key"]: a for a in artifacts}
     assert by_key["llmrl-pipeline-summary"]["type"] == "markdown"
     markdown = by_key["llmrl-pipeline-summary"]["data"]
     assert "| after GRPO |" in markdown and "| sft | ran |" in markdown
+    assert "| gain vs previous [95% CI] | McNemar p |" in markdown
     table = by_key["llmrl-evaluation"]
     assert table["type"] == "table"
-    assert [row["model"] for row in json.loads(table["data"])] == ["base", "sft", "grpo"]
+    rows = json.loads(table["data"])
+    assert [row["model"] for row in rows] == ["base", "sft", "grpo"]
+    assert (
+        rows[0]["gain vs previous [95% CI]"] == "-" and "[" in rows[2]["gain vs previous [95% CI]"]
+    )
     progress = by_key["llmrl-pipeline-progress"]
     assert progress["type"] == "progress"
     assert float(progress["data"]) == 100.0
@@ -156,12 +168,20 @@ def test_every_stage_nests_its_mlflow_run_under_the_parent(first_run, params) ->
     assert {"accuracy_base", "accuracy_sft", "accuracy_grpo", "seconds_sft"} <= set(
         parent.data.metrics
     )
+    for gain in ("sft_over_base", "grpo_over_sft", "grpo_over_base"):
+        for suffix in ("", "_ci_low", "_ci_high", "_p_mcnemar"):
+            key = f"gain/{gain}{suffix}"
+            assert parent.data.metrics[key] == pytest.approx(summary["metrics"][key])
+    artifacts = {item.path for item in client.list_artifacts(parent_id)}
+    assert {"pipeline_summary.md", "evaluation.json"} <= artifacts
     children = _children(params, parent_id)
     assert set(children) == CHILD_RUNS
     assert "loss" in children["sft"].data.metrics
     assert children["grpo"].data.metrics  # reward, loss, timings...
     for name in EVALUATED:
         assert "accuracy" in children[name].data.metrics
+        by_kind = [k for k in children[name].data.metrics if k.startswith("accuracy_by_kind/")]
+        assert by_kind and set(by_kind) <= {f"accuracy_by_kind/{k}" for k in ("add", "sub", "mul")}
     stages = {s["name"]: s for s in summary["stages"]}
     for name, child in children.items():
         assert stages[name]["mlflow_run_id"] == child.info.run_id

@@ -174,12 +174,15 @@ def test_summary_and_markdown() -> None:
     assert summary["metrics"] == {
         "accuracy_base": 0.1,
         "accuracy_sft": 0.3,
+        "gain/sft_over_base": pytest.approx(0.2),
         "seconds_prepare": 2.0,
         "seconds_eval-base": 30.0,
         "seconds_eval-sft": 31.0,
     }
     markdown = render_markdown(summary)
-    assert "| after SFT | 0.300 | 40 |" in markdown
+    # No per-problem results in these records: the gain has no interval, and a note says why.
+    assert "| after SFT | 0.300 | 40 | - | +0.200 (no CI) | - |" in markdown
+    assert "- after SFT vs base model: no interval: no per-problem results" in markdown
     assert "skipped (finished in a previous run)" in markdown
     assert "http://127.0.0.1:5000/#/experiments/1/runs/child1" in markdown
     assert "train_loss 0.5" in markdown

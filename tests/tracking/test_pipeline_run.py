@@ -76,6 +76,22 @@ def test_parent_run_on_sqlite(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None
     assert _open(uri, ui_url="http://given:1").ui_url == "http://given:1"
 
 
+def test_parent_run_stores_text_and_json_artifacts(tmp_path) -> None:
+    import json
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = _open(uri)
+    parent.log_text("# summary\n", "pipeline_summary.md")
+    parent.log_dict({"gains": [{"gain": 0.25, "ci_low": None}]}, "evaluation.json")
+    client = MlflowClient(uri)
+    files = {item.path for item in client.list_artifacts(parent.run_id)}
+    assert files == {"pipeline_summary.md", "evaluation.json"}
+    folder = client.download_artifacts(parent.run_id, "", str(tmp_path / "got"))
+    assert (tmp_path / "got" / "pipeline_summary.md").read_text() == "# summary\n"
+    stored = json.loads((tmp_path / "got" / "evaluation.json").read_text())
+    assert stored == {"gains": [{"gain": 0.25, "ci_low": None}]} and folder
+
+
 def test_parent_run_on_a_server(
     mlflow_server: MlflowServer, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

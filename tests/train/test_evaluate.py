@@ -1,5 +1,6 @@
 """The evaluation stage on a scripted case: a prepared dataset whose answers the test controls,
-a scripted policy, and accuracy / pass@k checked against hand-computed values."""
+a scripted policy, and accuracy / pass@k / accuracy per problem kind checked against
+hand-computed values."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import llmrl.train.evaluate as evaluate_module
 from llmrl.config.evaluate import EvalConfig
 from llmrl.data import ChatHistory, History
 from llmrl.data.containers import Text
+from llmrl.data.prepare import load_prepared
 from llmrl.train.evaluate import evaluate, pass_at_k
 from tests.train.conftest import artifact_paths, stage_config
 
@@ -81,15 +83,14 @@ class ScriptedPolicy:
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         self.calls += 1
-        replies = []
-        for question, sample in zip(
-            [chat[-1]["content"] for chat in td.get(("history", "prompt")).to_chats()],
-            td.get("sample_index").tolist(),
-            strict=True,
-        ):
-            i = int(question.split()[2])
-            right = i in GREEDY_CORRECT if self.greedy else sample < CORRECT_SAMPLES[i]
-            replies.append(f"{i} + {i} = ...\n#### {2 * i if right else -1}")
+        replies = [
+            self.reply(question, sample)
+            for question, sample in zip(
+                [chat[-1]["content"] for chat in td.get(("history", "prompt")).to_chats()],
+                td.get("sample_index").tolist(),
+                strict=True,
+            )
+        ]
         prompt = td.get(("history", "prompt"))
         response = History.from_messages([{"role": "assistant", "content": r} for r in replies])
         out = td.clone(False)
@@ -97,19 +98,39 @@ class ScriptedPolicy:
         out.set("text", Text.from_strings(response=replies))
         return out
 
+    def reply(self, question: str, sample: int) -> str:
+        """The answer to "What is i + i?": right by the module's rules, else -1."""
+        i = int(question.split()[2])
+        right = i in GREEDY_CORRECT if self.greedy else sample < CORRECT_SAMPLES[i]
+        return f"{i} + {i} = ...\n#### {2 * i if right else -1}"
 
-@pytest.fixture
-def scripted(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedPolicy]:
-    """Replace the evaluation's policies: greedy (do_sample=False) and sampling ones."""
+
+class AdditionsOnlyPolicy(ScriptedPolicy):
+    """Answers arithmetic problems ("What is a op b?") right when they are additions only."""
+
+    def reply(self, question: str, sample: int) -> str:
+        a, operator, b = question.removeprefix("What is ").removesuffix("?").split()
+        return f"#### {int(a) + int(b) if operator == '+' else -999999}"
+
+
+def _script(monkeypatch: pytest.MonkeyPatch, policy_cls: type) -> dict[str, ScriptedPolicy]:
+    """Replace the evaluation's policies, greedy (do_sample=False) and sampling ones, with
+    ``policy_cls``; returns them by kind once made."""
     made: dict[str, ScriptedPolicy] = {}
 
     def policy(model, tokenizer, generate_kwargs):
         greedy = generate_kwargs.get("do_sample") is False
         assert greedy or generate_kwargs["max_new_tokens"] == 16  # sampling settings passed
-        return made.setdefault("greedy" if greedy else "sampled", ScriptedPolicy(greedy))
+        return made.setdefault("greedy" if greedy else "sampled", policy_cls(greedy))
 
     monkeypatch.setattr(evaluate_module, "TransformersWrapper", policy)
     return made
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> dict[str, ScriptedPolicy]:
+    """The evaluation's policies replaced by :class:`ScriptedPolicy`."""
+    return _script(monkeypatch, ScriptedPolicy)
 
 
 def test_evaluate_scripted_accuracy_pass_at_k_results_and_summary(
@@ -148,6 +169,9 @@ def test_evaluate_scripted_accuracy_pass_at_k_results_and_summary(
     assert all(row["id"].startswith("gsm8k-eval-") for row in rows)
     assert rows[0]["response"].endswith("#### 0")
     assert rows[3]["response"].endswith("#### -1")
+    assert all(row["kind"] is None for row in rows)  # GSM8K problems have no kind
+    assert report.accuracy_by_kind == {}
+    assert report.outcomes == {row["id"]: i in GREEDY_CORRECT for i, row in enumerate(rows)}
 
     summary = json.loads(Path("eval/summary.json").read_text())
     assert summary["label"] == "scripted"
@@ -155,6 +179,7 @@ def test_evaluate_scripted_accuracy_pass_at_k_results_and_summary(
     assert summary["pass_at"] == pytest.approx({"1": 0.44, "2": 0.6, "5": 0.8})
     assert summary["num_problems"] == NUM_PROBLEMS
     assert summary["results_path"] == report.results_path and summary["seconds"] > 0
+    assert summary["outcomes"] == report.outcomes and summary["accuracy_by_kind"] == {}
 
     client = MlflowClient(mlflow_uri)
     run = next(
@@ -166,9 +191,54 @@ def test_evaluate_scripted_accuracy_pass_at_k_results_and_summary(
     assert run.data.metrics["accuracy"] == pytest.approx(0.6)
     assert run.data.metrics["pass_at_2"] == pytest.approx(0.6)
     assert run.data.params["num_samples"] == "5"
+    assert not [key for key in run.data.metrics if key.startswith("accuracy_by_kind/")]
     artifacts = artifact_paths(mlflow_uri, run.info.run_id)
     assert "eval/results.jsonl" in artifacts
     assert "samples/eval_scripted_step000000.json" in artifacts
+
+
+def test_evaluate_accuracy_by_kind_of_arithmetic_problems(
+    arithmetic_data, tiny_model_dir, mlflow_uri, monkeypatch
+):
+    """Right on the additions only: accuracy 1 for kind "+", 0 for the others, in the rows,
+    the summary and the eval run's metrics (``accuracy_by_kind/add``, ``/sub``, ``/mul``)."""
+    _script(monkeypatch, AdditionsOnlyPolicy)
+    config = stage_config(
+        EvalConfig,
+        f"data.path={arithmetic_data}",
+        f"model.name={tiny_model_dir}",
+        f"tracking.tracking_uri={mlflow_uri}",
+        output_dir="eval",
+        batch_size=4,
+        label="by-kind",
+    )
+    report = evaluate(config)
+
+    _, problems = load_prepared(arithmetic_data)
+    kinds = {p.id: p.meta["operators"][0] for p in problems}  # two operands: one operator
+    totals = {kind: list(kinds.values()).count(kind) for kind in sorted(set(kinds.values()))}
+    assert set(totals) == {"+", "-", "*"}  # the 10 seeded problems mix all three
+    expected = {
+        kind: {"correct": n if kind == "+" else 0, "total": n, "accuracy": float(kind == "+")}
+        for kind, n in totals.items()
+    }
+    assert report.accuracy_by_kind == expected
+    assert report.accuracy == pytest.approx(totals.get("+", 0) / len(problems))
+    assert report.outcomes == {pid: kind == "+" for pid, kind in kinds.items()}
+    rows = [json.loads(line) for line in Path("eval/results.jsonl").read_text().splitlines()]
+    assert {row["id"]: row["kind"] for row in rows} == kinds
+    assert all(row["correct"] == (row["kind"] == "+") for row in rows)
+    assert json.loads(Path("eval/summary.json").read_text())["accuracy_by_kind"] == expected
+
+    client = MlflowClient(mlflow_uri)
+    run = next(
+        r
+        for r in client.search_runs([client.get_experiment_by_name("llmrl").experiment_id])
+        if r.data.params.get("label") == "by-kind"
+    )
+    names = {"+": "add", "-": "sub", "*": "mul"}
+    by_kind = {k: v for k, v in run.data.metrics.items() if k.startswith("accuracy_by_kind/")}
+    assert by_kind == {f"accuracy_by_kind/{names[k]}": float(k == "+") for k in totals}
 
 
 def test_evaluate_greedy_only_and_max_eval_rows(controlled_data, tiny_model_dir, scripted):

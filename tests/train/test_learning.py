@@ -1,132 +1,120 @@
-"""Does the pipeline learn? SFT then GRPO with the real SmolLM2-135M-Instruct on CPU, on the
-generated arithmetic task, evaluated greedily on 40 held-out problems before and after.
+"""Does the pipeline learn? `make check-learning` runs the pipeline flow exactly as `make run`
+does: prepare -> SFT -> GRPO -> greedy evaluation of the base model, after SFT and after GRPO,
+with the repository's own stage configs (configs/prepare.yaml, sft.yaml, grpo.yaml, eval.yaml,
+read when the test runs: whatever they say now is what is checked), on the default number of
+evaluation problems, with the real SmolLM2-135M-Instruct on CPU.
 
-Slow (a few minutes on 2 cores): ``pytest -m slow tests/train/test_learning.py -s`` prints the
-accuracies, format rates and timings of each stage.
+It asserts that each training stage brings a real gain on the same held-out problems: the lower
+bound of the paired 95% bootstrap interval (:mod:`llmrl.eval.paired`) of SFT's gain over the base
+model and of GRPO's gain over SFT is above 0. It prints the pipeline's report (``-s``): the
+held-out table with each gain's interval and McNemar p, the accuracy per problem kind, and the
+stage times.
+
+Slow (minutes on 2 cores; marker ``learning``, not run by `make test`). The fast test below
+checks the verdict on hand-made results.
 """
 
 from __future__ import annotations
 
-import json
-import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from llmrl.config import PrepareConfig
-from llmrl.config.evaluate import EvalConfig
-from llmrl.config.grpo import GRPOConfig
-from llmrl.config.sft import SFTConfig
-from llmrl.data.prepare import prepare_dataset
-from llmrl.envs.tasks import make_task
-from llmrl.train.evaluate import evaluate
-from llmrl.train.grpo import run_grpo
-from llmrl.train.sft import run_sft
-from tests.train.conftest import stage_config
+from flows.stages import COMMANDS, TITLES
+from flows.summary import compare_models
 
-pytestmark = [pytest.mark.slow, pytest.mark.learning]
-
-MODEL = "smollm2-135m-instruct"
-EVAL_PROBLEMS = 40
-MAX_NEW_TOKENS = 48
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+CLAIMS: tuple[tuple[str, str], ...] = (("sft", "base"), ("grpo", "sft"))
+"""``(after, before)``: the gains that must be real."""
 
 
-def _format_rate(results_path: str, task) -> float:
-    rows = [json.loads(line) for line in Path(results_path).read_text().splitlines()]
-    return sum(task.score(r["response"], r["answer"]).formatted for r in rows) / len(rows)
+def unproven_gains(
+    summary: Mapping[str, Any], claims: Sequence[tuple[str, str]] = CLAIMS
+) -> list[str]:
+    """Why each claim "``after`` beats ``before``" is not shown by the pipeline summary's
+    gains (the lower bound of its 95% interval is not above 0, or it has no interval); empty
+    when every claim holds."""
+    gains = {(gain["after"], gain["before"]): gain for gain in summary.get("gains") or []}
+    problems = []
+    for after, before in claims:
+        what = f"{TITLES.get(after, after)} over {TITLES.get(before, before)}"
+        gain = gains.get((after, before))
+        if gain is None:
+            problems.append(f"{what}: not measured (a model was not evaluated)")
+        elif gain["ci_low"] is None:
+            problems.append(f"{what}: no interval ({gain['note']})")
+        elif gain["ci_low"] <= 0.0:
+            problems.append(
+                f"{what}: gain {gain['gain']:+.3f}, 95% interval [{gain['ci_low']:+.3f}, "
+                f"{gain['ci_high']:+.3f}] does not exclude 0 (McNemar p={gain['p_value']:.3f}, "
+                f"{gain['improved']} problems fixed, {gain['regressed']} broken of "
+                f"{gain['num_problems']})"
+            )
+    return problems
 
 
-def test_sft_then_grpo_raises_held_out_accuracy(mlflow_uri, tmp_path):
-    timings: dict[str, float] = {}
-    data = prepare_dataset(
-        PrepareConfig(
-            generate={"train_size": 200, "eval_size": EVAL_PROBLEMS}, output_dir=tmp_path / "data"
-        ),
-        progress=False,
-    ).path
-    task = make_task("arithmetic")
-    common = [
-        f"data.path={data}",
-        f"tracking.tracking_uri={mlflow_uri}",
-        "tracking.log_checkpoint_files=false",  # ~1.6 GB per SmolLM2 checkpoint
+def pipeline_params(work_dir: Path, tracking_uri: str) -> Any:
+    """The pipeline's parameters for the check: the repository's configs, no overrides."""
+    from flows.pipeline import PipelineParams
+
+    configs = {f"{command}_config": str(CONFIGS / f"{command}.yaml") for command in COMMANDS}
+    return PipelineParams(
+        **configs,
+        work_dir=str(work_dir),
+        mlflow_tracking_uri=tracking_uri,
+        experiment="llmrl",
+        retries=0,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_the_default_pipeline_learns(prefect_api, mlflow_uri, tmp_path: Path) -> None:
+    from flows.__main__ import format_report
+    from flows.pipeline import pipeline
+
+    params = pipeline_params(tmp_path / "work", mlflow_uri)
+    state = pipeline(params, return_state=True)
+    assert state.is_completed(), state.result(raise_on_failure=False)
+    summary = state.result()
+    print("\nlearning check:", format_report(summary, str(state.state_details.flow_run_id)))
+    problems = unproven_gains(summary)
+    assert not problems, "no real gain:\n" + "\n".join(problems)
+
+
+def _outcomes(*correct: int) -> dict[str, Any]:
+    results = {f"p{i}": bool(right) for i, right in enumerate(correct)}
+    return {"accuracy": sum(correct) / len(correct), "outcomes": results}
+
+
+def test_the_verdict_on_hand_made_results() -> None:
+    """Ten problems: SFT fixes 8 of them (interval [0.6, 1.0]), GRPO ties with SFT, then fixes
+    the other 2 ([0, 0.4], which does not exclude 0)."""
+    base, sft = _outcomes(*[0] * 10), _outcomes(*[1] * 8, 0, 0)
+    same = {"gains": compare_models([("base", base), ("sft", sft), ("grpo", sft)])}
+    assert unproven_gains(same) == [
+        "after GRPO over after SFT: gain +0.000, 95% interval [+0.000, +0.000] does not exclude "
+        "0 (McNemar p=1.000, 0 problems fixed, 0 broken of 10)"
+    ]
+    better = _outcomes(*[1] * 10)
+    summary = {"gains": compare_models([("base", base), ("sft", sft), ("grpo", better)])}
+    assert unproven_gains(summary, [("sft", "base")]) == []  # 8 of 10 fixed: a real gain
+    (grpo,) = unproven_gains(summary)
+    assert grpo.startswith("after GRPO over after SFT: gain +0.200, 95% interval [+0.000, +0.")
+    unpaired = {"gains": compare_models([("base", {"accuracy": 0.0}), ("sft", sft)])}
+    assert unproven_gains(unpaired) == [
+        "after SFT over base model: no interval (no per-problem results to pair (evaluated "
+        "before they were recorded))",
+        "after GRPO over after SFT: not measured (a model was not evaluated)",
     ]
 
-    def evaluate_model(label: str, *model: str) -> tuple[float, float]:
-        tick = time.perf_counter()
-        report = evaluate(
-            stage_config(
-                EvalConfig,
-                *common,
-                *model,
-                f"data.max_eval_rows={EVAL_PROBLEMS}",
-                output_dir=f"eval-{label}",
-                batch_size=EVAL_PROBLEMS,
-                max_new_tokens=MAX_NEW_TOKENS,
-                label=label,
-            )
-        )
-        timings[f"eval_{label}"] = time.perf_counter() - tick
-        return report.accuracy, _format_rate(report.results_path, task)
 
-    base = evaluate_model("base", f"model.name={MODEL}")
-
-    tick = time.perf_counter()
-    sft = run_sft(
-        stage_config(
-            SFTConfig,
-            *common,
-            f"model.name={MODEL}",
-            "optimizer.lr=2e-5",
-            "optimizer.warmup_steps=2",
-            "checkpoint.every=12",
-            "checkpoint.keep_last=1",
-            "data.max_eval_rows=8",
-            output_dir="sft",
-            steps=12,  # the answer format is learned within ~5 steps
-            batch_size=4,
-            max_length=256,
-            eval_every=12,
-            eval_batches=1,
-        )
-    )
-    timings["sft"] = time.perf_counter() - tick
-    after_sft = evaluate_model("sft", f"model.checkpoint={sft.final_checkpoint}")
-
-    tick = time.perf_counter()
-    grpo = run_grpo(
-        stage_config(
-            GRPOConfig,
-            *common,
-            f"model.name={MODEL}",
-            f"model.checkpoint={sft.final_checkpoint}",
-            f"generation.max_new_tokens={MAX_NEW_TOKENS}",
-            "optimizer.lr=2e-6",
-            "checkpoint.every=4",
-            "checkpoint.keep_last=1",
-            output_dir="grpo",
-            steps=4,
-            prompts_per_step=4,
-            num_samples=4,
-        )
-    )
-    timings["grpo"] = time.perf_counter() - tick
-    after_grpo = evaluate_model("grpo", f"model.checkpoint={grpo.final_checkpoint}")
-
-    report = {
-        "accuracy": {"base": base[0], "sft": after_sft[0], "grpo": after_grpo[0]},
-        "format_rate": {"base": base[1], "sft": after_sft[1], "grpo": after_grpo[1]},
-        "sft_loss": sft.train_loss,
-        "sft_eval_loss": sft.eval_loss,
-        "grpo_last_reward_mean": grpo.reward_mean,
-        "seconds": {k: round(v, 1) for k, v in timings.items()},
-    }
-    print("\nlearning check:", json.dumps(report, indent=2))
-
-    # Reliable on this budget: the base model never finishes with '#### <number>' within 48
-    # tokens (it explains at length), SFT teaches the format and the easy sums, and a few small
-    # GRPO steps keep that. GRPO's own gain over SFT is within noise here and is not asserted.
-    assert after_sft[1] >= base[1] + 0.5, report
-    assert after_sft[0] >= base[0] + 0.1, report
-    assert after_grpo[1] >= base[1] + 0.5, report
-    assert after_grpo[0] >= base[0] + 0.1, report
-    assert after_grpo[0] >= after_sft[0] - 0.1, report
+def test_the_check_runs_the_repository_configs(tmp_path: Path) -> None:
+    params = pipeline_params(tmp_path, "sqlite:///x.db")
+    for command in COMMANDS:
+        path = Path(params.config_path(command))
+        assert path.is_file() and path.parent == CONFIGS
+    assert params.overrides == {} and params.skip == [] and params.start_from == {}

@@ -139,6 +139,20 @@ class ArithmeticTask:
             )
         return problems
 
+    def kind(self, problem: Problem) -> str | None:
+        """The problem's operators, each once, in the order of :data:`OPERATORS`: ``"+"`` for
+        ``37 + 8``, ``"+*"`` for ``37 * 8 + 12`` (None without ``meta["operators"]``).
+
+        Example:
+            >>> ArithmeticTask().kind(Problem("a", "What is 1 * 2 - 3?", "-1",
+            ...                               meta={"operators": ["*", "-"]}))
+            '-*'
+        """
+        operators = problem.meta.get("operators")
+        if not operators:
+            return None
+        return "".join(op for op in OPERATORS if op in operators)
+
     def score(self, response: str, problem_answer: str) -> Score:
         """Exact match of the last ``#### <number>`` against the reference answer."""
         return score_final_answer(response, problem_answer, self.format_reward)

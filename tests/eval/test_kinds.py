@@ -1,0 +1,93 @@
+"""Accuracy per problem kind: the tally, what a task calls a kind (the arithmetic operators) and
+the MLflow metric names, which MLflow itself must accept."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import llmrl.eval.kinds as kinds_module
+from llmrl.envs.tasks import ArithmeticTask, GSM8KTask
+from llmrl.envs.tasks.base import Problem
+from llmrl.eval.kinds import accuracy_by_kind, kind_metric_name, kind_metrics, problem_kind
+
+
+def test_accuracy_by_kind_by_hand() -> None:
+    results = [("+", True), ("*", False), ("+", False), ("+", True), (None, True), ("*", False)]
+    assert accuracy_by_kind(results) == {
+        "*": {"correct": 0, "total": 2, "accuracy": 0.0},
+        "+": {"correct": 2, "total": 3, "accuracy": pytest.approx(2 / 3)},
+    }  # sorted by kind; the result without a kind is left out
+    assert accuracy_by_kind([(None, True)]) == {}
+
+
+def _problem(*operators: str) -> Problem:
+    return Problem("arithmetic-eval-0-0", "What is ...?", "0", meta={"operators": list(operators)})
+
+
+@pytest.mark.parametrize(
+    ("operators", "kind"),
+    [
+        (["+"], "+"),
+        (["-"], "-"),
+        (["*"], "*"),
+        (["*", "+"], "+*"),  # each operator once, in the order "+-*"
+        (["+", "*", "+"], "+*"),
+        (["*", "-", "+"], "+-*"),
+        ([], None),
+    ],
+)
+def test_arithmetic_kind_is_its_operators(operators: list[str], kind: str | None) -> None:
+    assert problem_kind(ArithmeticTask(), _problem(*operators)) == kind
+
+
+def test_generated_problems_have_the_kind_of_their_expression() -> None:
+    for problem in ArithmeticTask(num_operands=3).generate(20, seed=0, split="eval"):
+        symbols = set(problem.meta["expression"].split()) & set("+-*")
+        assert set(problem_kind(ArithmeticTask(), problem)) == symbols
+
+
+def test_tasks_without_kinds_have_none() -> None:
+    assert problem_kind(GSM8KTask(), _problem("+")) is None
+    assert problem_kind(object(), _problem("+")) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("+", "accuracy_by_kind/add"),
+        ("-", "accuracy_by_kind/sub"),
+        ("*", "accuracy_by_kind/mul"),
+        ("+*", "accuracy_by_kind/add_mul"),
+        ("+-*", "accuracy_by_kind/add_sub_mul"),
+        ("level 5", "accuracy_by_kind/level 5"),
+        ("Counting & Probability", "accuracy_by_kind/Counting _ Probability"),
+        ("a+b", "accuracy_by_kind/a_b"),
+    ],
+)
+def test_metric_names_spell_out_symbols_mlflow_refuses(kind: str, name: str) -> None:
+    from mlflow.utils.validation import _validate_metric_name
+
+    assert kind_metric_name(kind) == name
+    _validate_metric_name(name)  # raises for a name MLflow refuses
+
+
+def test_mlflow_refuses_the_raw_operators() -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_metric_name
+
+    for symbol in "+*":
+        with pytest.raises(MlflowException):
+            _validate_metric_name(f"accuracy_by_kind/{symbol}")
+
+
+def test_kind_metrics_and_name_collisions() -> None:
+    table = accuracy_by_kind([("+", True), ("*", False), ("+", False)])
+    assert kind_metrics(table) == {"accuracy_by_kind/mul": 0.0, "accuracy_by_kind/add": 0.5}
+    with pytest.raises(ValueError, match="'a\\+b' and 'a\\*b' both become metric"):
+        kind_metrics({"a+b": {"accuracy": 1.0}, "a*b": {"accuracy": 0.0}})
+
+
+def test_the_examples_hold() -> None:
+    assert doctest.testmod(kinds_module).failed == 0
