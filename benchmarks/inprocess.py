@@ -8,6 +8,7 @@ is a version bump)::
 
     batch = next(collector)                  # TaskEnv + TransformersWrapper: prompts x G, rewards
     batch = advantage(batch)                 # MCAdvantage, group-relative
+                                             # (both: DynamicSampler, as the runtime's step)
     metrics = trainer.train(batch, 1)        # GRPOTrainer: the per-rank loss, backward, AdamW
     collector.update_policy_weights_()       # InProcessWeightUpdater: version + 1
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from llmrl.collectors import InProcessWeightUpdater, LLMCollector
+from llmrl.collectors import DynamicSampler, InProcessWeightUpdater, LLMCollector
 from llmrl.config.grpo import GRPOConfig
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
@@ -75,25 +76,30 @@ class InProcessGRPO:
             scale=config.advantage.scale,
             drop_zero_std=config.advantage.drop_zero_std,
         )
+        self.sampler = DynamicSampler(
+            self.advantage, config.prompts_per_step, config.advantage.resample_rounds
+        )
         # as the runtime's TrainerGroup: optimizer steps per update pass, and the schedule length
         self.minibatches = math.ceil(turns / (config.minibatch_size or turns))
         total_steps = config.steps * config.updates_per_step * self.minibatches
         self.trainer = GRPOTrainer(config, self.model, self.tokenizer, total_steps)
         self.skipped_steps = 0
+        self.underfilled_steps = 0
         self._batches = iter(self.collector)
 
     def step(self, number: int | None = None) -> tuple[TensorDictBase, dict[str, Any]]:
         """One GRPO iteration; the batch and the metrics ``GRPORuntime.step`` reports (rollout
-        statistics, losses, ``generation_seconds``, ``training_seconds``,
+        statistics, dynamic sampling counts, losses, ``generation_seconds``, ``training_seconds``,
         ``loss_forward_seconds``, ``backward_seconds``, ``optimizer_seconds``,
         ``weight_sync_seconds``, ``policy_version``, ``tokens_per_second``...)."""
         tick = time.perf_counter()
-        batch = next(self._batches)
+        sampled = self.sampler.sample(lambda _round: next(self._batches))
+        batch, trained = sampled.batch, sampled.trained
         timings = {"generation_seconds": time.perf_counter() - tick}
-        metrics: dict[str, Any] = rollout_metrics(batch)
+        metrics: dict[str, Any] = {**rollout_metrics(batch), **sampled.metrics}
+        self.underfilled_steps += int(sampled.underfilled)
         trainer_version = self.collector.policy_version
         tick = time.perf_counter()
-        trained = self.advantage(batch)
         if trained is not None and trained.batch_size[0] > 0:
             result = self.trainer.train(trained, self.minibatches, step=number)
             self.skipped_steps += int(result.pop("skipped_updates"))
@@ -107,6 +113,7 @@ class InProcessGRPO:
             timings,
             skipped_steps=self.skipped_steps,
             dropped_zero_std_groups=self.advantage.stats.get("dropped_zero_std_groups", 0),
+            underfilled_steps=self.underfilled_steps,
             policy_version=self.collector.policy_version,
             staleness=trainer_version - int(versions.min()),
         )

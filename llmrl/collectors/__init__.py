@@ -11,6 +11,7 @@ Importing this package does not import Ray (or vLLM): they are imported when fir
 """
 
 from llmrl.collectors.async_rollouts import AsyncRollouts
+from llmrl.collectors.dynamic_sampling import DynamicSampler, SampledStep
 from llmrl.collectors.llm_collector import (
     BatchAssembler,
     CollectorBase,
@@ -31,12 +32,14 @@ __all__ = [
     "AsyncRollouts",
     "BatchAssembler",
     "CollectorBase",
+    "DynamicSampler",
     "EnvWorker",
     "InProcessWeightUpdater",
     "InferenceActor",
     "LLMCollector",
     "RayLLMCollector",
     "RayObjectStoreWeightUpdater",
+    "SampledStep",
     "StepResult",
     "TrajectoryRunner",
     "VLLMNCCLWeightUpdater",

@@ -10,6 +10,14 @@ thread waits for every update); ``1`` overlaps one batch of sampling with each t
 
 Weights are pushed between two batches, never in the middle of one (a lock guards both), so a
 batch is drawn with one version, which every row records in ``policy_version``.
+
+**Extra batches.** A step may take more than one batch (dynamic sampling's resample rounds,
+:class:`~llmrl.collectors.DynamicSampler`): :meth:`AsyncRollouts.allow_extra_batch` lets the
+thread draw one more batch at the current version before the next update. With ``e`` extra
+batches allowed so far, batch ``k`` starts once the engines hold version
+``start + k - 1 - e - max_staleness``; since a step at version ``v`` takes batch
+``v - start + 1 + e`` (``e`` counted when it takes it, never fewer than when the batch
+started), the bound still holds for every batch, and the batch a step asks for may always start.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class AsyncRollouts:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_version = 0
+        self._extra_batches = 0  # batches beyond one per version (see allow_extra_batch)
 
     @property
     def policy_version(self) -> int:
@@ -60,7 +69,7 @@ class AsyncRollouts:
         return self.collector.policy_version
 
     def _may_start(self, batch: int) -> bool:
-        needed = self._start_version + batch - 1 - self.max_staleness
+        needed = self._start_version + batch - 1 - self._extra_batches - self.max_staleness
         return self._stop.is_set() or self.collector.policy_version >= needed
 
     def _run(self) -> None:
@@ -103,6 +112,13 @@ class AsyncRollouts:
         with self._versions:
             self._versions.notify_all()
         return stats
+
+    def allow_extra_batch(self) -> None:
+        """Let the thread draw one more batch before the next weight update (for a step that
+        takes several batches); the staleness bound still holds (see the module docstring)."""
+        with self._versions:
+            self._extra_batches += 1
+            self._versions.notify_all()
 
     def metrics(self) -> dict[str, float]:
         """The collector's counters as tracker metrics (``collector/<name>``)."""

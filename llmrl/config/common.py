@@ -151,3 +151,38 @@ class StageConfig(ConfigModel):
         if checkpoint is not None and "dir" not in checkpoint.model_fields_set:
             checkpoint.dir = f"{self.output_dir}/checkpoints"
         return self
+
+
+class PythonToolSettings(ConfigModel):
+    """The Python interpreter tool (:class:`llmrl.envs.PythonInterpreter`): the model's
+    ```python blocks run in a sandbox and their output comes back as a ``tool`` message."""
+
+    enabled: bool = Field(False, description="give the model the Python tool")
+    timeout_s: float = Field(
+        5.0, gt=0, le=3600, description="wall-clock limit of one python block, in seconds"
+    )
+    memory_mb: int = Field(256, ge=64, description="address-space limit of one python block")
+    max_output_chars: int = Field(
+        4000, ge=1, description="stdout/stderr kept from a block (the tool message's size)"
+    )
+    max_blocks: int = Field(8, ge=1, description="python blocks run per reply, at most")
+
+
+class ToolSettings(ConfigModel):
+    """Tools the model may call during an episode (multi-turn: each tool call and its result
+    take a turn, and the episode ends with a reply that calls no tool)."""
+
+    python: PythonToolSettings = Field(
+        default_factory=PythonToolSettings, description="the Python interpreter"
+    )
+    max_turns: int = Field(
+        3,
+        ge=2,
+        description="assistant replies per episode, at most (tool calls and the final answer); "
+        "an episode still calling a tool at the last turn is truncated",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any tool is on (episodes may then take several turns)."""
+        return self.python.enabled

@@ -12,6 +12,7 @@ from llmrl.config.common import (
     LoraSettings,
     OptimizerConfig,
     StageConfig,
+    ToolSettings,
 )
 from llmrl.config.loading import ConfigModel
 from llmrl.topology.spec import Topology
@@ -37,19 +38,55 @@ class GRPOLossSettings(ConfigModel):
         "sft", description="which tokens are trained: response, all assistant, all"
     )
     tis_cap: float | None = Field(
-        None, gt=0, description="truncated importance sampling cap (None: off)"
+        None,
+        gt=0,
+        description="truncated importance sampling cap (None: off); the PPO ratio is anchored "
+        "on each batch's log-probs before its first update",
     )
 
 
+DEFAULT_MAX_RESAMPLE_ROUNDS = 3
+"""``advantage.max_resample_rounds`` when ``drop_zero_std`` is on and the field is not set."""
+
+
 class AdvantageSettings(ConfigModel):
-    """Options of :class:`llmrl.objectives.MCAdvantage`."""
+    """Options of :class:`llmrl.objectives.MCAdvantage`, and dynamic sampling
+    (:class:`llmrl.collectors.DynamicSampler`)."""
 
     scale: Literal["group", "batch", "none"] = Field(
         "group", description="divide by the group std, the batch std, or nothing (Dr. GRPO)"
     )
     drop_zero_std: bool = Field(
-        False, description="drop groups whose rewards are all equal (dynamic sampling)"
+        False,
+        description="dynamic sampling (DAPO): groups whose rewards are all equal carry no "
+        "signal; they are dropped and more prompts are sampled until the step holds "
+        "prompts_per_step groups with signal (bounded by max_resample_rounds)",
     )
+    max_resample_rounds: int | None = Field(
+        None,
+        ge=0,
+        description="with drop_zero_std: extra sampling rounds a step may take (each draws "
+        "prompts_per_step more prompts) before it trains on the groups with signal found so "
+        f"far; 0: drop only, never resample; null: {DEFAULT_MAX_RESAMPLE_ROUNDS}",
+    )
+
+    @property
+    def resample_rounds(self) -> int:
+        """The extra sampling rounds a step may take (0 without ``drop_zero_std``)."""
+        if not self.drop_zero_std:
+            return 0
+        rounds = self.max_resample_rounds
+        return DEFAULT_MAX_RESAMPLE_ROUNDS if rounds is None else rounds
+
+    @model_validator(mode="after")
+    def _resampling_needs_dropping(self) -> AdvantageSettings:
+        if self.max_resample_rounds is not None and not self.drop_zero_std:
+            raise ValueError(
+                "max_resample_rounds bounds the resampling of dynamic sampling, which only runs "
+                "with drop_zero_std: true; set advantage.drop_zero_std: true (or remove "
+                "advantage.max_resample_rounds)"
+            )
+        return self
 
 
 class RuntimeSettings(ConfigModel):
@@ -132,6 +169,7 @@ class GRPOConfig(StageConfig):
         description="optimizer and schedule",
     )
     lora: LoraSettings = Field(default_factory=LoraSettings, description="optional LoRA")
+    tools: ToolSettings = Field(default_factory=ToolSettings, description="tools (multi-turn)")
     checkpoint: CheckpointConfig = Field(
         default_factory=lambda: CheckpointConfig(every=25, best_metric="reward_mean"),
         description="checkpoints and resume",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmrl.config.common import CheckpointConfig, LoraSettings, OptimizerConfig, StageConfig
+
+DEFAULT_MINOR_SFT_BETA = 0.1
+"""MinorSFT's ``beta`` when ``minor_sft_beta`` is not set."""
 
 
 class SFTConfig(StageConfig):
@@ -25,7 +28,26 @@ class SFTConfig(StageConfig):
     batch_size: int = Field(8, ge=1, description="examples per micro-batch")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     max_length: int = Field(512, ge=8, description="drop examples longer than this (tokens)")
-    loss_function: Literal["sft", "minor_sft"] = Field("sft", description="SFT objective")
+    loss_function: Literal["sft", "minor_sft"] = Field(
+        "sft",
+        description="sft: NLL of the assistant tokens; minor_sft: MinorSFT, "
+        "-log sigmoid(beta * (log p - log p_ref)), needs `reference: true`",
+    )
+    minor_sft_beta: float | None = Field(
+        None,
+        gt=0,
+        description=f"MinorSFT's beta (loss_function: minor_sft only); null: "
+        f"{DEFAULT_MINOR_SFT_BETA}",
+    )
+    reference: bool = Field(
+        False,
+        description="score every batch with a frozen reference, the starting model (with LoRA: "
+        "the model with its adapters off, no second copy), for minor_sft and kl_to_ref_coeff; "
+        "its KL is logged as kl_to_ref",
+    )
+    kl_to_ref_coeff: float = Field(
+        0.0, ge=0, description="weight of a k3 KL-to-reference term (needs `reference: true`)"
+    )
     normalize_by_seq_length: bool = Field(
         False, description="average the NLL per sequence first, then over sequences"
     )
@@ -40,3 +62,24 @@ class SFTConfig(StageConfig):
         default_factory=lambda: CheckpointConfig(best_metric="eval_loss", best_mode="min"),
         description="checkpoints and resume",
     )
+
+    @property
+    def beta(self) -> float:
+        """MinorSFT's beta (the default when ``minor_sft_beta`` is not set)."""
+        return DEFAULT_MINOR_SFT_BETA if self.minor_sft_beta is None else self.minor_sft_beta
+
+    @model_validator(mode="after")
+    def _reference_needed(self) -> SFTConfig:
+        if self.loss_function == "minor_sft" and not self.reference:
+            raise ValueError(
+                "loss_function: 'minor_sft' compares the model with a frozen reference model; "
+                "set `reference: true` (or loss_function: sft)"
+            )
+        if self.kl_to_ref_coeff > 0 and not self.reference:
+            raise ValueError("kl_to_ref_coeff > 0 needs `reference: true`")
+        if self.minor_sft_beta is not None and self.loss_function != "minor_sft":
+            raise ValueError(
+                "minor_sft_beta is MinorSFT's temperature; set loss_function: minor_sft (or "
+                "remove minor_sft_beta)"
+            )
+        return self

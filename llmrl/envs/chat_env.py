@@ -33,7 +33,10 @@ from llmrl.data.non_tensor import as_list
 from llmrl.envs.transforms.base import EnvTransform
 
 # Keys a policy writes, and keys describing a transition: neither is carried to the next state.
-POLICY_OUTPUT_KEYS = ("history", "text", "tokens", "masks", "log_probs", "logits")
+# ``policy_version`` stamps the weights that wrote *this* reply (an inference actor writes it in
+# its output); the next reply gets its own, and a continuing state keeps the columns of a fresh
+# reset state (a batching inference actor merges both kinds of requests).
+POLICY_OUTPUT_KEYS = ("history", "text", "tokens", "masks", "log_probs", "logits", "policy_version")
 TRANSITION_KEYS = ("reward", "done", "terminated", "truncated", "tool_called", "next")
 
 

@@ -30,6 +30,7 @@ import torch
 from tensordict import TensorClass, TensorDictBase
 from torch import nn
 
+from llmrl.data import LogProbs, unpad_sequences
 from llmrl.objectives.token_level import (
     aggregate,
     aggregation_normalizer,
@@ -228,17 +229,27 @@ class GRPOLoss(nn.Module):
       multi-turn prompt included;
     - ``generic``: every real token.
 
-    Prompt positions need old log-probs: they come from ``log_probs.prompt`` or
-    ``log_probs.full`` when the batch has them; a sampling policy writes response log-probs
-    only, and then prompt positions are left out (``rlhf`` and ``generic`` reduce to ``sft``).
+    Prompt positions (under ``rlhf``, the earlier assistant turns of a multi-turn row) have no
+    sampling log-probs when the batch comes from a sampling policy (it writes response log-probs
+    only; ``log_probs.prompt`` or ``log_probs.full`` are used when present). They are trained
+    all the same: their ratio's anchor is the ``old_log_probs_key`` log-probs when set (a
+    position it does not cover is left out), else the current log-probs, detached, a ratio of 1:
+    the first update on a batch (the sampler's weights) gets the exact policy gradient
+    ``A * grad log p`` there, and later updates on the same batch are not clipped there. The
+    anchor also stands in for the sampler's log-probs there (TIS weight 1, no KL to inference).
 
     The ratio's anchor is the sampling ``log_probs``, or the :class:`LogProbs` at
-    ``old_log_probs_key`` when set (the training model's log-probs of the sampling policy).
-    Truncated importance sampling (``tis_cap``) needs the two apart: without
-    ``old_log_probs_key`` the anchor is then the current log-probs, detached (right for the first
-    update on a batch, whose weights are the sampler's; the ratio is 1, so ``ESS`` is 1 and
-    ``clip_fraction`` 0), and each token's objective is weighted by
-    ``min(exp(anchor - sampling), tis_cap)``.
+    ``old_log_probs_key`` when set (the training model's log-probs of the sampling policy,
+    computed once per batch before its first update: :meth:`anchor_log_probs`).
+    Truncated importance sampling (``tis_cap``) needs the two apart: each token's objective is
+    weighted by ``min(exp(anchor - sampling), tis_cap)``. Without ``old_log_probs_key`` the
+    anchor is then the current log-probs, detached: right only when the batch gets a single
+    optimizer step (its weights are still those before the update; the ratio is 1, so ``ESS``
+    is 1 and ``clip_fraction`` 0). With several (``updates_per_step > 1``, minibatches) the
+    anchor must stay the pre-update log-probs, or the ratio is 1 at every update and nothing is
+    ever clipped: :class:`~llmrl.train.grpo_trainer.GRPOTrainer` then writes
+    :meth:`anchor_log_probs` into each minibatch before the first update and sets
+    ``old_log_probs_key``.
 
     Args:
         actor: the policy being trained (a sampling policy is fine: a scoring twin is made).
@@ -331,7 +342,7 @@ class GRPOLoss(nn.Module):
             )
         in_masks = td.get(keys["masks"], None)
         sampling, known = align_to_layout(td.get(keys["log_probs"]), in_masks, masks, "log_probs")
-        mask = self._mask(masks) & known
+        mask = self._mask(masks)
         anchor = sampling
         if self.old_log_probs_key is not None:
             anchor, anchor_known = align_to_layout(
@@ -340,6 +351,13 @@ class GRPOLoss(nn.Module):
             mask = mask & anchor_known
         elif self.tis_cap is not None:
             anchor = current.detach()
+        # trained positions the sampler has no log-probs for (earlier assistant turns of a
+        # multi-turn prompt): the anchor there is the current log-probs unless given, and it
+        # stands in for the sampler's (see the class docstring)
+        unsampled = mask & ~known
+        if self.old_log_probs_key is None:
+            anchor = torch.where(unsampled, current.detach(), anchor)
+        sampling = torch.where(unsampled, anchor, sampling)
         ref = self._ref_log_probs(td, in_masks, masks, mask)
         entropy = None
         if self.entropy_coeff > 0:
@@ -364,6 +382,19 @@ class GRPOLoss(nn.Module):
             entropy_coeff=self.entropy_coeff,
             tis_cap=self.tis_cap,
         )
+
+    @torch.no_grad()
+    def anchor_log_probs(self, td: TensorDictBase) -> LogProbs:
+        """The actor's log-probs of ``td``'s tokens now, without gradients, as a ragged
+        :class:`LogProbs` (``full``, in the tokens' order): what ``old_log_probs_key`` reads.
+
+        Call it once per batch before the first update so the anchor stays the pre-update
+        policy's (see the class docstring)."""
+        keys = self.actor.keys
+        scored = self.actor(td.select(keys["tokens"], keys["masks"], strict=False))
+        full = scored.get(keys["log_probs"]).full.detach()
+        masks: Masks = scored.get(keys["masks"]).to(full.device)
+        return LogProbs.from_sequences(full=unpad_sequences(full, masks.full))
 
     def _mask(self, masks: Masks) -> torch.Tensor:
         valid = prediction_mask(masks)

@@ -5,7 +5,8 @@ The driver ships a :class:`TaskEnvFactory` to every env worker actor
 :class:`~llmrl.envs.task_env.TaskEnv` over rows ``i, i + n, i + 2n, ...`` of the train split
 (disjoint shards), drawing ``prompts_per_worker`` prompts x ``num_samples`` responses per reset,
 with group ids ``i, i + n, ...`` (unique across workers, as the advantage needs).
-Rewards (and tools) run there, off the trainer.
+Rewards and tools run there, off the trainer: with the stage's ``tools`` on (see
+:func:`tool_env_options`) episodes take several turns.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llmrl.config.common import ToolSettings
 from llmrl.envs.tasks.base import Task
 
 
 @dataclass(frozen=True)
 class TaskEnvFactory:
-    """``factory(worker_index) -> TaskEnv`` over that worker's shard of ``rows`` (picklable)."""
+    """``factory(worker_index) -> TaskEnv`` over that worker's shard of ``rows`` (picklable);
+    ``tools``: the stage's tool settings (None or all off: single-turn episodes)."""
 
     task: Task
     rows: list[Any]
@@ -26,6 +29,7 @@ class TaskEnvFactory:
     prompts_per_worker: int
     num_samples: int
     seed: int
+    tools: ToolSettings | None = None
 
     def __call__(self, worker_index: int) -> Any:
         from llmrl.envs.task_env import TaskEnv
@@ -37,4 +41,32 @@ class TaskEnvFactory:
             repeats=self.num_samples,
             seed=self.seed + worker_index,
             group_ids=(worker_index, self.num_workers),  # unique across workers
+            **tool_env_options(self.task, self.tools),
         )
+
+
+def tool_env_options(task: Task, tools: ToolSettings | None) -> dict[str, Any]:
+    """The :class:`TaskEnv` options that give the model the enabled ``tools``: their transforms
+    (before the task's reward), their instructions after the task's, and ``max_turns``; ``{}``
+    when no tool is on.
+
+    A multi-turn episode: the model writes a ```python block, the interpreter's output is
+    appended as a ``tool`` message, and the model goes on, until a reply calls no tool (the
+    answer) or ``tools.max_turns`` replies were given.
+    """
+    if tools is None or not tools.enabled:
+        return {}
+    from llmrl.envs.sandbox import SandboxLimits
+    from llmrl.envs.transforms import PythonInterpreter
+
+    python = tools.python
+    limits = SandboxLimits(
+        timeout_s=python.timeout_s,
+        memory_mb=python.memory_mb,
+        max_output_chars=python.max_output_chars,
+    )
+    return {
+        "system_prompt": f"{task.instructions}\n\n{PythonInterpreter.instructions}",
+        "max_turns": tools.max_turns,
+        "transforms": [PythonInterpreter(limits, max_blocks=python.max_blocks)],
+    }

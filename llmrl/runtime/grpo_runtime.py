@@ -20,6 +20,12 @@ One :meth:`GRPORuntime.step`::
     metrics = trainers.train(batch)        # each rank: its groups, loss, backward, step
     rollouts.update_policy_weights_()      # rank 0 -> engines; version + 1
 
+With ``advantage.drop_zero_std`` the first two lines are dynamic sampling
+(:class:`~llmrl.collectors.DynamicSampler`): groups without reward signal are dropped and more
+batches are drawn, at the same policy version, until ``prompts_per_step`` groups with signal
+are found (at most ``advantage.max_resample_rounds`` extra batches; each is a whole step's
+batch, every env worker drawing its share again).
+
 The driver (this process) holds no model: weights go from rank 0 to the engines directly.
 """
 
@@ -36,7 +42,7 @@ import torch
 import yaml
 from tensordict import TensorDictBase
 
-from llmrl.collectors import AsyncRollouts, RayLLMCollector
+from llmrl.collectors import AsyncRollouts, DynamicSampler, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
 from llmrl.config.loading import ConfigError
 from llmrl.data.prepare import load_prepared
@@ -119,9 +125,10 @@ class GRPORuntime:
         self.train_rows = train_rows[: config.data.max_train_rows]
         if not self.train_rows:
             raise ConfigError([f"data.path: {config.data.path}: the train split is empty"])
-        self.counters = {"skipped_steps": 0, "dropped_zero_std_groups": 0}
+        self.counters = {"skipped_steps": 0, "dropped_zero_std_groups": 0, "underfilled_steps": 0}
         self.trained_versions: deque[tuple[int, list[int]]] = deque(maxlen=VERSION_HISTORY)
-        """(trainer version, the policy_version of every trained sample) of the last steps."""
+        """(trainer version, the policy_version of every sample the step consumed: trained, or
+        dropped by dynamic sampling) of the last steps."""
         self._parts: list[Any] = []  # what shutdown() stops, in reverse order
         try:
             self._start(resume_from, resume_state or {}, runtime_env)
@@ -158,6 +165,7 @@ class GRPORuntime:
             config.prompts_per_step // workers,
             config.num_samples,
             config.seed,
+            tools=config.tools,
         )
         bundles = self.placement.env_workers
         self.collector = RayLLMCollector(
@@ -199,6 +207,9 @@ class GRPORuntime:
             scale=config.advantage.scale,
             drop_zero_std=config.advantage.drop_zero_std,
         )
+        self.sampler = DynamicSampler(
+            self.advantage, config.prompts_per_step, config.advantage.resample_rounds
+        )
         staleness = 0 if config.mode == "sync" else config.max_staleness
         self.rollouts = AsyncRollouts(self.collector, max_staleness=staleness)
         self._parts.append(self.rollouts.shutdown)
@@ -220,19 +231,21 @@ class GRPORuntime:
         return self.rollouts.policy_version
 
     def step(self, number: int) -> tuple[TensorDictBase, dict[str, float]]:
-        """One GRPO iteration (step ``number``, 1-based); the batch and the step's metrics,
-        with ``generation_seconds`` (waiting for the batch), ``training_seconds``,
-        ``weight_sync_seconds`` and the per-phase times of the ranks."""
+        """One GRPO iteration (step ``number``, 1-based); every row sampled for it (all rounds
+        of dynamic sampling) and the step's metrics, with ``generation_seconds`` (waiting for
+        the batches), ``training_seconds``, ``weight_sync_seconds``, the per-phase times of the
+        ranks and the dynamic-sampling counts (:mod:`llmrl.collectors.dynamic_sampling`)."""
         fault_point("generate", number)
         tick = time.perf_counter()
-        batch = next(self._iterator)
+        sampled = self.sampler.sample(self._collect)
+        batch, trained = sampled.batch, sampled.trained
         timings = {"generation_seconds": time.perf_counter() - tick}
-        metrics = rollout_metrics(batch)
+        metrics = {**rollout_metrics(batch), **sampled.metrics}
+        self.counters["underfilled_steps"] += int(sampled.underfilled)
         trainer_version = self.policy_version
         versions = [int(v) for v in batch["policy_version"].reshape(-1).tolist()]
         self.trained_versions.append((trainer_version, versions))
         tick = time.perf_counter()
-        trained = self.advantage(batch)
         if trained is not None and trained.batch_size[0] > 0:
             if self.reference is not None:
                 import ray
@@ -260,6 +273,13 @@ class GRPORuntime:
             timings["generation_seconds"], 1e-9
         )
         return batch, metrics
+
+    def _collect(self, round_index: int) -> TensorDictBase:
+        """The next batch; a resample round (``round_index > 0``) first lets the rollouts draw
+        one more batch at this version."""
+        if round_index > 0:
+            self.rollouts.allow_extra_batch()
+        return next(self._iterator)
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Checkpoint ``step`` (rank 0 writes weights and optimizer; ``extra`` gains the

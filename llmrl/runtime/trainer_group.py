@@ -22,6 +22,7 @@ from tensordict import TensorDictBase
 
 from llmrl.collectors.actor_faults import first_line, is_actor_death
 from llmrl.config.grpo import GRPOConfig
+from llmrl.objectives.grouping import group_slices
 from llmrl.runtime.trainer_rank import TrainerRank
 from llmrl.topology import Placement, Topology
 
@@ -186,18 +187,39 @@ class TrainerGroup:
 def split_groups(
     batch: TensorDictBase, group_size: int, parts: int
 ) -> list[tuple[TensorDictBase, bool]]:
-    """``batch`` (whole groups of ``group_size`` consecutive rows) cut into ``parts`` shards of
-    whole groups, as even as possible; ``(shard, stand_in_only)``. With fewer groups than
+    """``batch`` (whole groups of ``group_size`` trajectories on consecutive rows: one row per
+    trajectory, or one per turn of multi-turn episodes) cut into ``parts`` shards of whole
+    groups, as even as possible in groups; ``(shard, stand_in_only)``. With fewer groups than
     parts, the extra shards repeat the first group, flagged to be trained on with weight 0."""
-    rows = batch.batch_size[0]
-    if rows % group_size:
-        raise ValueError(f"a batch of {rows} rows is not made of whole groups of {group_size}")
-    groups = rows // group_size
-    bounds = [round(groups * i / parts) * group_size for i in range(parts + 1)]
+    spans = _group_spans(batch, group_size)
+    bounds = [round(len(spans) * i / parts) for i in range(parts + 1)]
     shards = []
     for first, last in itertools.pairwise(bounds):
         if last > first:
-            shards.append((batch[first:last], False))
+            shards.append((batch[spans[first].start : spans[last - 1].stop], False))
         else:
-            shards.append((batch[:group_size], True))
+            shards.append((batch[spans[0]], True))
     return shards
+
+
+def _group_spans(batch: TensorDictBase, group_size: int) -> list[slice]:
+    """The rows of each group: runs of equal ``group_id`` (each checked to hold ``group_size``
+    trajectories), or without ids, every ``group_size`` rows."""
+    rows = batch.batch_size[0]
+    if batch.get("group_id", None) is None:
+        if rows % group_size:
+            raise ValueError(f"a batch of {rows} rows is not made of whole groups of {group_size}")
+        return [slice(start, start + group_size) for start in range(0, rows, group_size)]
+    spans = group_slices(batch)
+    trajectories = batch.get("traj_id", None)
+    for span in spans:
+        count = span.stop - span.start
+        if trajectories is not None:
+            count = len(set(trajectories[span].reshape(-1).tolist()))
+        if count != group_size:
+            group = batch.get("group_id")[span.start].item()
+            raise ValueError(
+                f"group {group} of the batch has {count} trajectories, not a whole group of "
+                f"{group_size}"
+            )
+    return spans

@@ -4,7 +4,9 @@ A checkpoint is a directory ``<directory>/step-000120/`` holding:
 
 * ``model/`` -- the model's ``save_pretrained`` output (safetensors) plus the tokenizer's, so
   ``load_model("<directory>/step-000120/model")`` works directly. For a ``peft.PeftModel`` this
-  is the *merged* full model, and ``adapter/`` holds the adapter's own ``save_pretrained``.
+  is the *merged* full model (merged weight by weight, :func:`llmrl.train.lora.merged_state_dict`:
+  the model is neither copied nor modified), and ``adapter/`` holds the adapter's own
+  ``save_pretrained``.
 * ``training_state.pt`` -- optimizer and scheduler state dicts and the torch / CUDA / python
   ``random`` / numpy RNG states (``torch.save``; loadable with ``weights_only=True``).
 * ``trainer_state.json`` -- step, loop-specific ``extra`` state, metrics, time, llmrl version.
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 
 from llmrl.train.faults import fault_point
+from llmrl.train.lora import is_peft_model, merged_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -202,10 +205,9 @@ class CheckpointManager:
         if model_state is not None:
             model.save_pretrained(model_dir, state_dict=model_state)
         elif _is_peft(model):
-            # Merge into a copy: the caller keeps training the adapter on the original.
-            merged = copy.deepcopy(model).merge_and_unload()
-            merged.save_pretrained(model_dir)
-            del merged
+            # Merged weights computed layer by layer: the caller keeps training the adapter.
+            base = model.get_base_model()
+            base.save_pretrained(model_dir, state_dict=merged_state_dict(model))
             model.save_pretrained(staging / ADAPTER_DIR)
         else:
             model.save_pretrained(model_dir)
@@ -341,8 +343,7 @@ def _state_of(stateful: Any) -> dict | None:
 
 
 def _is_peft(model: Any) -> bool:
-    peft = sys.modules.get("peft")  # a PeftModel cannot exist unless peft was imported
-    return peft is not None and isinstance(model, peft.PeftModel)
+    return is_peft_model(model)
 
 
 def _load_model_weights(path: Path, model: Any) -> None:

@@ -18,6 +18,14 @@ sequences...), but a rank sees only its shard. Every minibatch's denominator
 single process would make on the whole batch (``tests/runtime`` checks it to float rounding).
 A rank whose minibatch is empty scores a stand-in row with weight 0, so every rank runs the
 same collectives.
+
+**The ratio's anchor with truncated importance sampling.** With ``loss.tis_cap`` the PPO
+ratio's anchor is the training model's log-probs of the batch before its first update (the
+proximal policy; the TIS weight ``min(exp(anchor - sampling), tis_cap)`` corrects from the
+sampler to it, in async mode too). When a batch gets one optimizer step the loss reads it off
+its own forward; when it gets several (``updates_per_step > 1`` or minibatches), every
+minibatch is scored once, before the first update, into ``anchor_log_probs``, which every
+update on it reads: the ratio moves away from 1 as the weights do, and clipping bounds it.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ LOSS_METRICS = (
     "kl_to_ref",
 )
 """Loss terms and diagnostics reported per step (normalizer-weighted means over the ranks)."""
+ANCHOR_KEY = "anchor_log_probs"
+"""Where :meth:`GRPOTrainer.train` writes the ratio's anchor (see the module docstring)."""
 
 
 class GRPOTrainer:
@@ -110,9 +120,20 @@ class GRPOTrainer:
         seconds = {"loss_forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         stand_in = shard[:1]
         parts = [shard[:0]] * minibatches if stand_in_only else split_evenly(shard, minibatches)
+        # what each update scores: its part, or the stand-in row (weight 0) when it is empty
+        scored = [
+            (stand_in if part.batch_size[0] == 0 else part, part.batch_size[0] == 0)
+            for part in parts
+        ]
+        anchored = self.anchors_needed(minibatches)
+        self.loss_fn.old_log_probs_key = ANCHOR_KEY if anchored else None
+        if anchored:
+            tick = time.perf_counter()
+            scored = [(self._with_anchor(batch), empty) for batch, empty in scored]
+            seconds["loss_forward_seconds"] += time.perf_counter() - tick
         for _ in range(self.config.updates_per_step):
-            for part in parts:
-                values = self._update(part, stand_in, seconds, step)
+            for batch, empty in scored:
+                values = self._update(batch, empty, seconds, step)
                 for name, value in values.items():
                     sums[name] = sums.get(name, 0.0) + value
         count = self.config.updates_per_step * minibatches
@@ -120,18 +141,30 @@ class GRPOTrainer:
         means = {name: total / count for name, total in sums.items()}
         return {**means, **seconds, "skipped_updates": skipped}
 
+    def anchors_needed(self, minibatches: int) -> bool:
+        """Whether :meth:`train` scores the ratio's anchor before the first update: with
+        ``loss.tis_cap`` and more than one optimizer step per batch."""
+        steps = self.config.updates_per_step * minibatches
+        return self.config.loss.tis_cap is not None and steps > 1
+
+    def _with_anchor(self, batch: TensorDictBase) -> TensorDictBase:
+        """A shallow copy of ``batch`` with the current log-probs at :data:`ANCHOR_KEY`."""
+        batch = batch.copy()
+        batch.set(ANCHOR_KEY, self.loss_fn.anchor_log_probs(batch))
+        return batch
+
     def _update(
         self,
-        part: TensorDictBase,
-        stand_in: TensorDictBase,
+        batch: TensorDictBase,
+        empty: bool,
         seconds: dict[str, float],
         step: int | None,
     ) -> dict[str, float]:
-        """One optimizer step on this rank's ``part`` of a minibatch."""
+        """One optimizer step on this rank's part of a minibatch (``empty``: ``batch`` is the
+        stand-in row, trained on with weight 0)."""
         world = distributed.world_size()
-        empty = part.batch_size[0] == 0
         tick = time.perf_counter()
-        out = self.loss_fn(stand_in if empty else part)
+        out = self.loss_fn(batch)
         local = torch.zeros(()) if empty else out.normalizer.detach().float().cpu()
         names = [name for name in LOSS_METRICS if getattr(out, name) is not None]
         detached = [float(getattr(out, name).detach()) for name in names]

@@ -1,10 +1,13 @@
 """The SFT stage: supervised fine-tuning on the prepared dataset's worked solutions.
 
 Each example is a chat (the task's instructions as system prompt, the problem, the target
-answer) and the loss is the NLL of the assistant tokens (content and end-of-turn). The loop:
+answer) and the loss is the NLL of the assistant tokens (content and end-of-turn), or MinorSFT
+against a frozen reference (``loss_function: minor_sft``), plus ``kl_to_ref_coeff`` times a KL
+to it. With ``reference: true`` every micro-batch is first scored by the reference
+(:class:`~llmrl.train.frozen_reference.FrozenReference`). The loop:
 
     for step in range(start, steps):
-        for each micro-batch: loss(batch) / grad_accum -> backward
+        for each micro-batch: loss(reference(batch)) / grad_accum -> backward
         clip, skip if not finite, optimizer + scheduler step
         log; every eval_every: eval loss; every checkpoint.every: save
 """
@@ -28,8 +31,9 @@ from llmrl.data import ChatHistory, History
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks import Problem, Task
 from llmrl.models import load_model, load_tokenizer
-from llmrl.objectives import SFTLoss
+from llmrl.objectives import SFTLoss, SFTLossOutput
 from llmrl.policies import TransformersWrapper
+from llmrl.train.frozen_reference import FrozenReference
 from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
 from llmrl.train.stage import (
@@ -150,8 +154,18 @@ def run_sft(config: SFTConfig) -> SFTResult:
     loss_fn = SFTLoss(
         actor,
         loss_function=config.loss_function,
+        beta=config.beta,
         normalize_by_seq_length=config.normalize_by_seq_length,
+        kl_to_ref_coeff=config.kl_to_ref_coeff or None,
     )
+    reference = (
+        FrozenReference(
+            model, tokenizer, config.model.spec, config.model.dtype, config.model.device
+        )
+        if config.reference
+        else None
+    )
+    score = SFTScorer(loss_fn, reference)
     optimizer, scheduler = build_optimizer(model, config.optimizer, config.steps)
     batches = ChatBatches(train, config.batch_size, config.seed)
     checkpoints, state = open_checkpoints(config.checkpoint, model, optimizer, scheduler)
@@ -170,16 +184,19 @@ def run_sft(config: SFTConfig) -> SFTResult:
         for step in bar:
             step_started = time.perf_counter()
             total = 0.0
+            parts: dict[str, float] = {}
             for _ in range(config.grad_accum):
-                batch = next(batches)
-                out = loss_fn(batch)
-                (out.loss_sft / config.grad_accum).backward()
-                total += float(out.loss_sft.detach()) / config.grad_accum
+                out = score(next(batches))
+                (out.loss / config.grad_accum).backward()
+                total += float(out.loss.detach()) / config.grad_accum
+                for name, value in loss_parts(out).items():
+                    parts[name] = parts.get(name, 0.0) + value / config.grad_accum
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 model.parameters(), config.optimizer.grad_clip
             )
             metrics = {
                 "loss": total,
+                **parts,
                 "grad_norm": float(grad_norm),
                 "lr": scheduler.get_last_lr()[0],
             }
@@ -194,7 +211,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
             done = step + 1
             metrics.update(skipped_steps=skipped, step_seconds=time.perf_counter() - step_started)
             if evals and (done % config.eval_every == 0 or done == config.steps):
-                eval_loss = _eval_loss(loss_fn, evals, config)
+                eval_loss = _eval_loss(score, evals, config)
                 metrics["eval_loss"] = eval_loss
             tracker.log_metrics(metrics, step=done)
             bar.set_postfix(loss=f"{total:.3f}", eval=f"{eval_loss:.3f}" if eval_loss else "-")
@@ -225,11 +242,39 @@ def run_sft(config: SFTConfig) -> SFTResult:
     )
 
 
+class SFTScorer:
+    """The stage's loss on a micro-batch: the reference's log-probs first, when there is one."""
+
+    def __init__(self, loss_fn: SFTLoss, reference: FrozenReference | None) -> None:
+        self.loss_fn, self.reference = loss_fn, reference
+
+    def __call__(self, batch: TensorDict) -> SFTLossOutput:
+        """The :class:`SFTLossOutput` of ``batch``."""
+        if self.reference is not None:
+            batch = self.reference(batch)
+        return self.loss_fn(batch)
+
+
+def loss_parts(out: SFTLossOutput) -> dict[str, float]:
+    """The parts of a loss worth logging beside ``loss`` when it is more than the NLL (with a
+    reference): the NLL (``nll``), ``loss_kl_to_ref``, ``kl_to_ref`` and MinorSFT's value
+    (``minor_sft``)."""
+    if out.kl_to_ref is None and out.minor_sft is None:
+        return {}  # the loss is the NLL
+    parts = {"nll": float(out.sft)}
+    if out.kl_to_ref is not None:
+        parts["loss_kl_to_ref"] = float(out.loss_kl_to_ref.detach())
+        parts["kl_to_ref"] = float(out.kl_to_ref)
+    if out.minor_sft is not None:
+        parts["minor_sft"] = float(out.minor_sft)
+    return parts
+
+
 @torch.no_grad()
-def _eval_loss(loss_fn: SFTLoss, evals: list[list[dict]], config: SFTConfig) -> float:
+def _eval_loss(score: SFTScorer, evals: list[list[dict]], config: SFTConfig) -> float:
     losses = []
     for start in range(
         0, min(len(evals), config.eval_batches * config.batch_size), config.batch_size
     ):
-        losses.append(float(loss_fn(as_batch(evals[start : start + config.batch_size])).loss_sft))
+        losses.append(float(score(as_batch(evals[start : start + config.batch_size])).loss))
     return sum(losses) / len(losses)

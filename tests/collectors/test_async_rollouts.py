@@ -71,6 +71,39 @@ def test_zero_staleness_waits_for_every_update():
     rollouts.shutdown()
 
 
+def test_an_extra_batch_is_drawn_at_the_same_version_without_an_update():
+    collector = _VersionedCollector()
+    rollouts = AsyncRollouts(collector, max_staleness=0)
+    iterator = iter(rollouts)
+    next(iterator)
+    rollouts.allow_extra_batch()  # a resample round of the same step
+    assert next(iterator)["policy_version"].tolist() == [0, 0, 0]
+    time.sleep(0.2)  # one extra batch allowed, not two
+    assert collector.produced == 2
+    rollouts.update_policy_weights_()
+    assert next(iterator)["policy_version"].tolist() == [1, 1, 1]
+    rollouts.shutdown()
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_steps_taking_extra_batches_keep_the_staleness_bound(max_staleness):
+    collector = _VersionedCollector()
+    rollouts = AsyncRollouts(collector, max_staleness=max_staleness)
+    iterator = iter(rollouts)
+    gaps: list[int] = []
+    for step in range(8):
+        for round_index in range(1 + step % 3):  # 0, 1 or 2 resample rounds
+            if round_index > 0:
+                rollouts.allow_extra_batch()
+            batch = next(iterator)
+            gaps += [rollouts.policy_version - int(v) for v in batch["policy_version"]]
+        time.sleep(0.02)  # "training": the sampler gets ahead as far as it may
+        rollouts.update_policy_weights_()
+    rollouts.shutdown()
+    assert len(gaps) == 3 * (1 + 2 + 3 + 1 + 2 + 3 + 1 + 2)  # no step waited forever
+    assert min(gaps) >= 0 and max(gaps) <= max_staleness, gaps
+
+
 def test_a_collector_error_reaches_the_trainer_and_the_thread_ends():
     rollouts = AsyncRollouts(_VersionedCollector(fail_at=2), max_staleness=1)
     with pytest.raises(RuntimeError, match="collector broke"):

@@ -83,6 +83,18 @@ def test_next_state_carries_row_columns_but_not_policy_outputs():
     assert transition["reward"].tolist() == [0.0]
 
 
+def test_a_continuing_state_has_the_columns_of_a_reset_state():
+    # an inference actor merges fresh and continuing states into one batch: same keys
+    env = ChatEnv(max_turns=2, transforms=[MarkToolCalls()])
+    state = env.reset(queries(["q"], answer=["42"]))
+    out = ScriptedPolicy(["CALL"])(state)
+    out.set("policy_version", torch.tensor([3]))  # as an inference actor stamps its replies
+    transition = env.step(out)
+    assert transition["done"].tolist() == [False]
+    assert set(transition["next"].keys()) == set(state.keys())
+    assert transition["policy_version"].tolist() == [3], "the transition keeps its stamp"
+
+
 def test_errors_name_what_is_missing():
     env = ChatEnv()
     with pytest.raises(ValueError, match="reset needs prompts"):

@@ -28,6 +28,7 @@ def test_policy_version_stamps_reset_and_step():
     assert version.increment() == 1
     transition = env.step(ScriptedPolicy(["x", "y"])(state))
     assert transition["policy_version"].tolist() == [1, 1]
+    assert transition["next", "policy_version"].tolist() == [1, 1], "what the next turn sees"
 
 
 def test_thinking_prompt_extends_or_creates_the_system_message():

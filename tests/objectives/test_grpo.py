@@ -316,7 +316,7 @@ def test_loss_only_touches_response_tokens_with_sft_masking(sampler, rollout):
     assert torch.allclose(response[masks.response], expected[masks.response], atol=1e-4)
 
 
-def test_rlhf_masking_uses_prompt_log_probs_when_present(sampler, rollout):
+def test_rlhf_masking_trains_earlier_assistant_turns(sampler, rollout):
     loss = GRPOLoss(sampler, aggregation="none", masking_strategy="rlhf")
     scorer = sampler.get_new_version(generate=False, input_mode="tokens")
     with torch.no_grad():
@@ -325,14 +325,16 @@ def test_rlhf_masking_uses_prompt_log_probs_when_present(sampler, rollout):
     prompt_width = scored_masks.prompt.shape[1]
     earlier_turns = scored_masks.assistant[:, :prompt_width]
     assert earlier_turns[4:].any() and not earlier_turns[:4].any()  # prompt 2 is multi-turn
-    # sampling log-probs cover the response only: prompt positions are left out
-    without = loss(rollout).loss_objective.detach()
-    assert (without[:, :prompt_width] == 0).all()
-    # old log-probs with a prompt part: earlier assistant turns are trained on too
+    expected = -rollout["advantage"].unsqueeze(1).expand(-1, prompt_width)
+    # sampling log-probs cover the response only: earlier assistant turns are trained on all
+    # the same, anchored on the current log-probs (ratio 1)
+    without = loss(rollout).loss_objective.detach()[:, :prompt_width]
+    assert torch.allclose(without[earlier_turns], expected[earlier_turns], atol=1e-6)
+    assert (without[~earlier_turns] == 0).all()
+    # old log-probs with a prompt part: their anchor is those log-probs
     with_prompt = rollout.clone(False)
     with_prompt["log_probs"] = rescored["log_probs"]
     per_token = loss(with_prompt).loss_objective.detach()[:, :prompt_width]
-    expected = -rollout["advantage"].unsqueeze(1).expand_as(per_token)
     assert torch.allclose(per_token[earlier_turns], expected[earlier_turns], atol=1e-4)
     assert (per_token[~earlier_turns] == 0).all()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tensordict import lazy_stack
+from tensordict import TensorDict, lazy_stack
 
 from llmrl.collectors import LLMCollector
 from llmrl.config.grpo import GRPOConfig
@@ -124,8 +124,29 @@ def test_split_groups_gives_whole_groups_and_stand_ins(batch):
         (2, True),
         (2, False),
     ]
-    with pytest.raises(ValueError, match="a batch of 3 rows is not made of whole groups of 2"):
+    with pytest.raises(ValueError, match="group 2 of the batch has 1 trajectories, not a whole"):
         split_groups(batch[:3], group_size=2, parts=2)
+    with pytest.raises(ValueError, match="a batch of 3 rows is not made of whole groups of 2"):
+        split_groups(batch[:3].exclude("group_id"), group_size=2, parts=2)
+
+
+def test_split_groups_keeps_multi_turn_groups_whole():
+    # 3 groups of 2 trajectories: 3, 2 and 4 rows (one row per turn)
+    groups = [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    trajs = [0, 1, 0, 2, 3, 4, 5, 4, 4]
+    batch = TensorDict(
+        {"group_id": torch.tensor(groups), "traj_id": torch.tensor(trajs)}, [len(groups)]
+    )
+    shards = split_groups(batch, group_size=2, parts=2)  # groups 0, 1 | 2
+    assert [(s["group_id"].tolist(), stand_in) for s, stand_in in shards] == [
+        ([0, 0, 0, 1, 1], False),
+        ([2, 2, 2, 2], False),
+    ]
+    shards = split_groups(batch[:3], group_size=2, parts=2)  # one group, two ranks
+    assert [(s["traj_id"].tolist(), stand_in) for s, stand_in in shards] == [
+        ([0, 1, 0], True),
+        ([0, 1, 0], False),
+    ]
 
 
 def test_a_rank_with_no_group_trains_a_stand_in_with_weight_zero(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,48 @@ def test_sft_with_lora_saves_a_merged_plain_checkpoint(arithmetic_data, tiny_mod
     for name in base:  # only the adapted projections moved
         changed = not torch.equal(base[name], merged[name])
         assert changed == any(proj in name for proj in ("q_proj", "v_proj")), name
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_minor_sft_with_kl_to_a_reference_trains_and_logs_its_parts(
+    arithmetic_data, tiny_model_dir, mlflow_uri, lora
+):
+    lora_options = ["lora.enabled=true", "lora.r=4"] if lora else []
+    config = _sft(
+        arithmetic_data,
+        tiny_model_dir,
+        mlflow_uri,
+        *lora_options,
+        "optimizer.lr=1e-2",
+        "optimizer.warmup_steps=0",
+        "data.max_eval_rows=2",
+        loss_function="minor_sft",
+        reference=True,
+        kl_to_ref_coeff=0.5,
+        steps=2,
+        batch_size=2,
+    )
+    result = run_sft(config)
+
+    assert result.skipped_steps == 0
+    run_id = run_id_of(result.final_checkpoint)
+    values = {
+        key: metric_values(mlflow_uri, run_id, key)
+        for key in ("loss", "minor_sft", "nll", "kl_to_ref", "loss_kl_to_ref")
+    }
+    # step 1: the model is the reference (LoRA's B starts at 0), so log p - log p_ref = 0:
+    # MinorSFT = -log sigmoid(0.1 * 0) = log 2 and the KL is 0
+    assert values["minor_sft"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert values["kl_to_ref"][0] == pytest.approx(0.0, abs=1e-6)
+    assert values["loss"][0] == pytest.approx(math.log(2), abs=1e-6)
+    # step 2: the model moved away from the reference; the loss holds both terms
+    assert values["kl_to_ref"][1] > 0
+    assert values["loss_kl_to_ref"][1] == pytest.approx(0.5 * values["kl_to_ref"][1], rel=1e-5)
+    assert values["loss"][1] == pytest.approx(
+        values["minor_sft"][1] + values["loss_kl_to_ref"][1], rel=1e-5
+    )
+    assert values["nll"][0] > values["minor_sft"][0]  # the NLL is logged beside it
+    assert result.eval_loss is not None and math.isfinite(result.eval_loss)
 
 
 @pytest.mark.integration

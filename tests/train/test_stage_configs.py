@@ -59,6 +59,37 @@ def test_kl_to_ref_needs_a_reference(capsys):
     assert config.reference and config.loss.kl_to_ref_coeff == 0.1
 
 
+def test_sft_reference_options_name_what_they_need(capsys):
+    err = _fails(capsys, "sft", "--set", "data.path=x", "--set", "loss_function=minor_sft")
+    assert "loss_function: 'minor_sft' compares the model with a frozen reference model" in err
+    assert "set `reference: true` (or loss_function: sft)" in err
+    err = _fails(capsys, "sft", "--set", "data.path=x", "--set", "kl_to_ref_coeff=0.1")
+    assert "kl_to_ref_coeff > 0 needs `reference: true`" in err
+    err = _fails(capsys, "sft", "--set", "data.path=x", "--set", "minor_sft_beta=0.5")
+    assert "minor_sft_beta is MinorSFT's temperature; set loss_function: minor_sft" in err
+    config = load_config(
+        SFTConfig, None, ["data.path=x", "loss_function=minor_sft", "reference=true"]
+    )
+    assert config.beta == 0.1 and config.kl_to_ref_coeff == 0.0
+    config = load_config(
+        SFTConfig,
+        None,
+        ["data.path=x", "loss_function=minor_sft", "reference=true", "minor_sft_beta=0.5"],
+    )
+    assert config.beta == 0.5
+
+
+def test_resample_rounds_need_drop_zero_std(capsys):
+    err = _fails(capsys, "grpo", "--set", "data.path=x", "--set", "advantage.max_resample_rounds=2")
+    assert "advantage: max_resample_rounds bounds the resampling of dynamic sampling" in err
+    assert "set advantage.drop_zero_std: true" in err
+    on = ["data.path=x", "advantage.drop_zero_std=true"]
+    assert load_config(GRPOConfig, None, on).advantage.resample_rounds == 3
+    config = load_config(GRPOConfig, None, [*on, "advantage.max_resample_rounds=0"])
+    assert config.advantage.resample_rounds == 0
+    assert load_config(GRPOConfig, None, ["data.path=x"]).advantage.resample_rounds == 0
+
+
 def test_eval_pass_at_must_not_exceed_num_samples(capsys):
     err = _fails(capsys, "eval", "--set", "data.path=x", "--set", "num_samples=4",
                  "--set", "pass_at=[1, 8]")  # fmt: skip

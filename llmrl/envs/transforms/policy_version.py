@@ -1,4 +1,5 @@
-"""`PolicyVersion`: stamps the current policy version on every reset and step."""
+"""`PolicyVersion`: stamps the current policy version on every reset and step (and the state a
+step leads to)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,17 @@ class PolicyVersion(EnvTransform):
         self.version += 1
         return self.version
 
-    def _stamp(self, td: TensorDictBase) -> TensorDictBase:
+    def on_reset(self, td: TensorDictBase) -> TensorDictBase:
         td.set(self.key, torch.full(td.batch_size, self.version, dtype=torch.long))
         return td
 
-    on_reset = _stamp
-    on_step = _stamp
+    def on_step(self, td: TensorDictBase) -> TensorDictBase:
+        """Stamps the transition and its next state (which a multi-turn episode continues from,
+        like a reset state)."""
+        version = torch.full(td.batch_size, self.version, dtype=torch.long)
+        td.set(self.key, version)
+        td.set(("next", self.key), version.clone())
+        return td
 
     def __repr__(self) -> str:
         return f"PolicyVersion(version={self.version})"

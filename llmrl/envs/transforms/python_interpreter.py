@@ -31,6 +31,12 @@ class PythonInterpreter(EnvTransform):
     """
 
     is_tool = True
+    instructions = (
+        "You can run Python: write a ```python code block and its output comes back to you in "
+        "the next message. Once you know the answer, reply without a code block."
+    )
+    """What a system prompt tells the model about this tool (the GRPO stage appends it to the
+    task's instructions when the tool is on)."""
 
     def __init__(
         self,

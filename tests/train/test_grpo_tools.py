@@ -1,0 +1,166 @@
+"""The GRPO stage on a tool-using task, end to end: ``tools.python.enabled`` gives the env
+workers the Python interpreter, episodes take several turns (code, tool output, answer), each
+trajectory's advantage reaches every one of its turns, and the weights learn from them.
+
+The model is the tiny Llama rewired into a token-level Markov chain (attention and MLP outputs
+zeroed, so each next token depends on the current one only): after the generation prompt's
+``\\n`` it writes a python block (1/2), ``#### 1`` (1/4, a wrong but formatted answer: reward
+0.1) or ``I`` (1/4, reward 0). Episodes therefore take 1 to 3 turns and end with different
+rewards, whatever the (random) problems.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from llmrl.config.grpo import GRPOConfig
+from llmrl.models import tiny_model
+from llmrl.objectives import MCAdvantage
+from llmrl.train.grpo import run_grpo
+from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
+from tests.train.conftest import metric_values, run_id_of, stage_config
+
+CODE = "```python\n\nprint(2)"
+"""The model's tool call: an open python block (it runs to the end of the reply)."""
+CHAIN: dict[str, dict[str | None, float]] = {
+    "\n": {"```": 0.5, "####": 0.25, "I": 0.25},
+    "```": {"python": 1.0},
+    "python": {"\n\n": 1.0},
+    "\n\n": {"print": 1.0},
+    "print": {"(": 1.0},
+    "(": {"2": 1.0},
+    "2": {")": 1.0},
+    ")": {None: 1.0},
+    "####": {" ": 1.0},
+    " ": {"1": 1.0},
+    "1": {None: 1.0},
+    "I": {None: 1.0},
+}
+"""Token -> next-token probabilities (None: end of turn)."""
+
+
+def tool_calling_model(tokenizer) -> torch.nn.Module:
+    """The tiny Llama following :data:`CHAIN` (untied output layer; logits 25 + log p)."""
+    model = tiny_model(tokenizer)
+    model.config.tie_word_embeddings = False
+    hidden = model.config.hidden_size
+
+    def token(text: str | None) -> int:
+        if text is None:
+            return tokenizer.eos_token_id
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, (text, ids)
+        return ids[0]
+
+    with torch.no_grad():
+        model.lm_head.weight = torch.nn.Parameter(torch.zeros_like(model.lm_head.weight))
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        for state, (text, successors) in enumerate(CHAIN.items()):
+            # the final RMSNorm maps this embedding to sqrt(hidden) * e_state
+            model.model.embed_tokens.weight[token(text)] = 0.0
+            model.model.embed_tokens.weight[token(text), state] = math.sqrt(hidden)
+            for successor, probability in successors.items():
+                logit = 25.0 + math.log(probability)
+                model.lm_head.weight[token(successor), state] = logit / math.sqrt(hidden)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tool_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tool-model")
+    tool_calling_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _ray(local_ray):  # noqa: F811
+    """The stage joins the module's local Ray."""
+
+
+class RecordingAdvantage(MCAdvantage):
+    """The runtime's MCAdvantage, keeping what it hands to the trainers."""
+
+    outputs: ClassVar[list] = []
+
+    def __call__(self, td):
+        out = super().__call__(td)
+        if out is not None:
+            type(self).outputs.append(out)
+        return out
+
+
+def test_grpo_trains_multi_turn_python_tool_episodes(
+    arithmetic_data, tool_model_dir, mlflow_uri, monkeypatch
+):
+    monkeypatch.setattr("llmrl.runtime.grpo_runtime.MCAdvantage", RecordingAdvantage)
+    monkeypatch.setattr(RecordingAdvantage, "outputs", [])
+    config = stage_config(
+        GRPOConfig,
+        f"data.path={arithmetic_data}",
+        f"model.name={tool_model_dir}",
+        f"tracking.tracking_uri={mlflow_uri}",
+        "tracking.log_checkpoint_files=false",
+        "generation.max_new_tokens=10",
+        "optimizer.lr=1e-3",
+        "loss.masking_strategy=rlhf",
+        "tools.python.enabled=true",
+        "tools.python.timeout_s=10",
+        "tools.max_turns=3",
+        "runtime.torch_threads=1",
+        output_dir="grpo",
+        steps=3,
+        prompts_per_step=2,
+        num_samples=4,
+    )
+    result = run_grpo(config)
+
+    trained = RecordingAdvantage.outputs
+    assert trained, "some groups completed"
+    rows = [row for batch in trained for row in batch.unbind(0)]
+    turns: dict[int, list] = {}
+    for row in rows:
+        turns.setdefault(int(row["traj_id"]), []).append(row)
+    assert max(len(t) for t in turns.values()) >= 2, "episodes with several turns"
+    assert all(len(t) <= 3 for t in turns.values()), "tools.max_turns"
+    for trajectory in turns.values():
+        assert [int(row["turn"]) for row in trajectory] == list(range(len(trajectory)))
+        assert [bool(row["done"]) for row in trajectory][-1]
+        for row in trajectory[1:]:  # later turns see the tool's output of the code before
+            chat = row["history"].prompt.to_chats()
+            assert [m["role"] for m in chat[-2:]] == ["assistant", "tool"]
+            assert chat[-2]["content"] == CODE and chat[-1]["content"] == "2"
+    # the advantage: each trajectory's final reward against its group's, on every turn
+    for batch in trained:
+        by_group: dict[int, dict[int, list]] = {}
+        for row in batch.unbind(0):
+            by_group.setdefault(int(row["group_id"]), {}).setdefault(
+                int(row["traj_id"]), []
+            ).append(row)
+        for trajectories in by_group.values():
+            assert len(trajectories) == 4
+            final = torch.stack([t[-1]["reward"] for t in trajectories.values()])
+            std = final.std(correction=0)
+            expected = (final - final.mean()) / (std + 1e-6) if std > 0 else final * 0
+            for trajectory, value in zip(trajectories.values(), expected.tolist(), strict=True):
+                assert [float(row["advantage"]) for row in trajectory] == pytest.approx(
+                    [value] * len(trajectory), abs=1e-5
+                )
+    assert any(float(b["advantage"].abs().max()) > 0 for b in trained), "a reward signal"
+
+    run_id = run_id_of(result.final_checkpoint)
+    losses = metric_values(mlflow_uri, run_id, "loss")
+    assert losses and all(math.isfinite(loss) for loss in losses)
+    assert result.skipped_steps == 0
+    start = load_file(tool_model_dir / "model.safetensors")
+    final = load_file(Path(result.final_checkpoint) / "model.safetensors")
+    assert set(final) == set(start)
+    assert max(float((final[k] - start[k]).abs().max()) for k in start) > 0, "weights moved"

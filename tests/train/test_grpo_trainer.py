@@ -1,0 +1,112 @@
+"""`GRPOTrainer` with truncated importance sampling (``loss.tis_cap``) and several optimizer steps
+per batch: the PPO ratio's anchor is the batch's log-probs before the first update, scored once,
+and every later update and minibatch reads that same anchor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDictBase
+
+from llmrl.collectors import LLMCollector
+from llmrl.config.grpo import GRPOConfig
+from llmrl.envs.task_env import TaskEnv
+from llmrl.models import load_model, load_tokenizer
+from llmrl.policies import TransformersWrapper
+from llmrl.train.grpo_trainer import ANCHOR_KEY, GRPOTrainer
+from llmrl.train.stage import prepared_task
+from tests.train.conftest import stage_config
+
+
+@pytest.fixture(scope="module")
+def rollout(arithmetic_data: Path, tiny_model_dir: Path) -> TensorDictBase:
+    """2 prompts x 2 responses sampled by the tiny model, with hand-set advantages."""
+    task, _ = prepared_task(arithmetic_data)
+    env = TaskEnv(task, task.generate(4, seed=0), batch_size=2, repeats=2, seed=0)
+    policy = TransformersWrapper(
+        load_model(tiny_model_dir),
+        load_tokenizer(tiny_model_dir),
+        generate_kwargs={"max_new_tokens": 5, "seed": 0},
+    )
+    batch = next(iter(LLMCollector(env, policy, dialog_turns_per_batch=4)))
+    batch.set("advantage", torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    return batch
+
+
+def _trainer(data: Path, model_dir: Path, **fields) -> GRPOTrainer:
+    config = stage_config(
+        GRPOConfig,
+        f"data.path={data}",
+        f"model.name={model_dir}",
+        "optimizer.lr=0.01",  # big steps: the second update's ratio is far from 1
+        "loss.tis_cap=2.0",
+        **{"prompts_per_step": 2, "num_samples": 2, **fields},
+    )
+    model = load_model(model_dir)
+    model.eval()
+    return GRPOTrainer(config, model, load_tokenizer(model_dir), total_steps=4)
+
+
+def _record_loss_calls(trainer: GRPOTrainer, monkeypatch) -> list[tuple[list, float]]:
+    """(anchor rows, kl_approx) of every loss call."""
+    calls: list[tuple[list, float]] = []
+    forward = trainer.loss_fn.forward
+
+    def spy(td):
+        out = forward(td)
+        anchor = td.get(ANCHOR_KEY, None)
+        rows = None if anchor is None else [r.clone() for r in anchor.as_list("full")]
+        calls.append((rows, float(out.kl_approx)))
+        return out
+
+    monkeypatch.setattr(trainer.loss_fn, "forward", spy)
+    return calls
+
+
+def _rows_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_every_update_reads_the_anchor_scored_before_the_first(
+    rollout, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    trainer = _trainer(arithmetic_data, tiny_model_dir, updates_per_step=2)
+    before = trainer.loss_fn.anchor_log_probs(rollout).as_list("full")
+    calls = _record_loss_calls(trainer, monkeypatch)
+    trainer.train(rollout, minibatches=1)
+    after = trainer.loss_fn.anchor_log_probs(rollout).as_list("full")
+    assert len(calls) == 2
+    (first_anchor, first_kl), (second_anchor, second_kl) = calls
+    assert _rows_equal(first_anchor, before) and _rows_equal(second_anchor, before)
+    assert not _rows_equal(after, before)  # the weights moved in between
+    # update 1: the weights are the anchor's, the ratio is 1; update 2: it moved off 1 (with
+    # the anchor re-read from the current weights it would be 1, and KL 0, every time)
+    assert first_kl == pytest.approx(0.0, abs=1e-6)
+    assert second_kl > 1e-4
+
+
+def test_a_later_minibatch_keeps_the_pre_update_anchor(
+    rollout, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    trainer = _trainer(arithmetic_data, tiny_model_dir, minibatch_size=2)
+    before = trainer.loss_fn.anchor_log_probs(rollout).as_list("full")
+    calls = _record_loss_calls(trainer, monkeypatch)
+    trainer.train(rollout, minibatches=2)
+    assert [len(rows) for rows, _ in calls] == [2, 2]
+    assert _rows_equal(calls[0][0], before[:2])
+    # scored before minibatch 1's optimizer step, not after it
+    assert _rows_equal(calls[1][0], before[2:])
+    assert calls[1][1] > 1e-4
+
+
+def test_one_optimizer_step_per_batch_scores_no_extra_anchor(
+    rollout, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    trainer = _trainer(arithmetic_data, tiny_model_dir)
+    assert not trainer.anchors_needed(1) and trainer.anchors_needed(2)
+    calls = _record_loss_calls(trainer, monkeypatch)
+    trainer.train(rollout, minibatches=1)
+    assert [rows for rows, _ in calls] == [None]  # the loss's own forward is the anchor
+    assert trainer.loss_fn.old_log_probs_key is None
