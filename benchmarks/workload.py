@@ -13,6 +13,8 @@ from pathlib import Path
 
 from harness import WORK_DIR
 
+PREPARE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "prepare.yaml"
+
 # Rollout prompts: varied lengths, single-turn chats.
 QUESTIONS = [
     "What is 17 + 25?",
@@ -50,11 +52,14 @@ def arithmetic_data(rows: int | None) -> tuple[Path, dict]:
     ``rows`` training problems (all when None): their chats (system = the task's
     instructions), answers, and the task's constructor options (so TRL's reward function is
     llmrl's scorer)."""
+    from llmrl.config.loading import load_config
     from llmrl.config.prepare import PrepareConfig
     from llmrl.data.prepare import load_prepared, prepare_dataset
     from llmrl.train.stage import prepared_task
 
-    prepared = prepare_dataset(PrepareConfig(output_dir=str(WORK_DIR / "data")), progress=False)
+    # the pipeline's task mix (configs/prepare.yaml), so benchmarks train what `make run` trains
+    config = load_config(PrepareConfig, PREPARE_CONFIG, [f"output_dir={WORK_DIR / 'data'}"])
+    prepared = prepare_dataset(config, progress=False)
     folder = prepared.path  # reused when already prepared
     task, manifest = prepared_task(folder)
     train, _ = load_prepared(folder)

@@ -216,9 +216,12 @@ def test_shipped_prepare_configs_load_and_their_dump_reloads(tmp_path, name):
     assert load_config(PrepareConfig, write(tmp_path, dump_config(config))) == config
 
 
-def test_default_prepare_config_is_the_shipped_one():
+def test_shipped_prepare_config_is_the_default_with_the_pipelines_mix():
+    # `make run` trains additions and subtractions (docs/learning.md); everything else is the
+    # default of `llmrl prepare` without --config
     shipped = load_config(PrepareConfig, REPO / "configs" / "prepare.yaml")
-    assert load_config(PrepareConfig, None) == shipped
+    assert shipped.generate.options == {"operators": "+-"}
+    assert load_config(PrepareConfig, None, ['generate.options={operators: "+-"}']) == shipped
 
 
 def test_prepare_config_cross_field_problems_name_the_fields(tmp_path):
