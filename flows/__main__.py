@@ -99,7 +99,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
 
 def params_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~flows.pipeline.PipelineParams` the command line describes."""
-    from flows.pipeline import PipelineParams
+    from flows.params import PipelineParams
 
     overrides: dict[str, list[str]] = {}
     for item in args.overrides:
@@ -194,7 +194,7 @@ def compare_main(argv: Sequence[str]) -> int:
     """``python -m flows compare``: 0 on success, 2 when the runs cannot be compared."""
     args = build_compare_parser().parse_args(argv)
     from flows.compare import compare
-    from flows.pipeline import PipelineParams
+    from flows.params import PipelineParams
     from llmrl.tracking.comparison import CompareError
 
     uri = PipelineParams(mlflow_tracking_uri=args.mlflow_tracking_uri).tracking_uri()

@@ -34,7 +34,7 @@ from llmrl.eval.paired import CONFIDENCE, RESAMPLES, paired_gain
 from llmrl.tracking.pipeline_run import accuracy_key, gain_key
 
 if TYPE_CHECKING:
-    from flows.pipeline import PipelineParams
+    from flows.params import PipelineParams
     from llmrl.tracking import PipelineRun
 
 GAIN_HEADER = f"gain vs previous [{CONFIDENCE:.0%} CI]"
