@@ -1,10 +1,12 @@
 """Arithmetic word-free problems ("What is 37 + 8 * 12?") with exact integer answers.
 
-Difficulty knob: ``(num_operands, digits, operators)``. ``num_operands`` integers, each drawn
-uniformly from ``1 .. 10**digits - 1``, joined by operators drawn from ``operators`` (a subset of
-``"+-*"``), evaluated with standard precedence (``*`` before ``+``/``-``, left to right). Answers
-may be negative (``"3 - 8"`` -> ``-5``). More operands and digits mean longer chains and bigger
-products; ``"+"`` alone is the easiest setting.
+Difficulty knob: ``(num_operands, digits, operators, nonnegative)``. ``num_operands`` integers,
+each drawn uniformly from ``1 .. 10**digits - 1``, joined by operators drawn from ``operators``
+(a subset of ``"+-*"``), evaluated with standard precedence (``*`` before ``+``/``-``, left to
+right). Answers may be negative (``"3 - 8"`` -> ``-5``) unless ``nonnegative`` is set, which
+redraws any problem with a negative step (small models learn borrowing long before the sign
+flip). More operands and digits mean longer chains and bigger products; ``"+"`` alone is the
+easiest setting.
 
 The answer is computed by a small precedence evaluator over the generated tokens (no ``eval``),
 which also writes the worked solution used as the SFT target, one step per line in evaluation
@@ -65,6 +67,12 @@ def evaluate(operands: Sequence[int], operators: Sequence[str]) -> tuple[int, li
     return total, steps
 
 
+def _has_negative_step(operands: Sequence[int], operators: Sequence[str]) -> bool:
+    """Whether evaluating the expression passes through a negative number."""
+    _, steps = evaluate(operands, operators)
+    return any(step.rsplit("= ", 1)[1].startswith("-") for step in steps)
+
+
 def render(operands: Sequence[int], operators: Sequence[str]) -> str:
     """The expression as written in the prompt: ``"37 + 8 * 12"``."""
     parts = [str(operands[0])]
@@ -84,6 +92,7 @@ class ArithmeticTask:
     digits: int = 2
     operators: str = OPERATORS
     format_reward: float = 0.1
+    nonnegative: bool = False
 
     name = "arithmetic"
     instructions = FINAL_ANSWER_INSTRUCTIONS
@@ -105,14 +114,20 @@ class ArithmeticTask:
             raise ValueError(
                 f"operators must be a non-empty subset of {OPERATORS!r}, got {self.operators!r}"
             )
+        if not isinstance(self.nonnegative, bool):
+            raise ValueError(f"nonnegative must be true or false, got {self.nonnegative!r}")
         object.__setattr__(self, "format_reward", check_format_reward(self.format_reward))
 
     def _draw(self, rng: random.Random) -> tuple[list[int], list[str]]:
         high = 10**self.digits - 1
         ops = "".join(sorted(set(self.operators), key=OPERATORS.index))
-        operands = [rng.randint(1, high) for _ in range(self.num_operands)]
-        operators = [rng.choice(ops) for _ in range(self.num_operands - 1)]
-        return operands, operators
+        while True:
+            operands = [rng.randint(1, high) for _ in range(self.num_operands)]
+            operators = [rng.choice(ops) for _ in range(self.num_operands - 1)]
+            # Rejection keeps the draw uniform over the allowed problems; with two operands
+            # about half of the subtractions are redrawn.
+            if not self.nonnegative or not _has_negative_step(operands, operators):
+                return operands, operators
 
     def generate(self, count: int, seed: int, split: str = "train") -> list[Problem]:
         """``count`` distinct problems, deterministic in ``(seed, split)``, disjoint across splits.

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from llmrl.envs.tasks.arithmetic import ArithmeticTask, evaluate
+from llmrl.envs.tasks.arithmetic import ArithmeticTask, _has_negative_step, evaluate
 from llmrl.envs.tasks.base import Task
 
 _EXPRESSION = re.compile(r"[0-9]+(?: [-+*] [0-9]+)+")
@@ -27,6 +27,7 @@ def test_is_a_task() -> None:
         ({"operators": "+/"}, "operators"),
         ({"format_reward": 1.0}, "format_reward"),
         ({"format_reward": -0.1}, "format_reward"),
+        ({"nonnegative": "yes"}, "nonnegative"),
     ],
 )
 def test_validation(kwargs: dict, field: str) -> None:
@@ -80,6 +81,20 @@ def test_operators_and_digits_respected() -> None:
         operands = problem.meta["operands"]
         assert len(operands) == 3 and all(1 <= x <= 9 for x in operands)
         assert problem.meta["operators"] == ["+", "+"]
+
+
+def test_nonnegative_redraws_every_negative_step() -> None:
+    plain = ArithmeticTask(num_operands=3, digits=2, operators="-").generate(200, seed=3)
+    assert sum(int(p.answer) < 0 for p in plain) > 100  # most 3-operand differences go below 0
+    task = ArithmeticTask(num_operands=3, digits=2, operators="-+", nonnegative=True)
+    problems = task.generate(200, seed=3)
+    assert any("-" in p.meta["operators"] for p in problems)
+    for problem in problems:
+        steps = problem.sft_target.splitlines()[:-1]  # "a op b = c" lines, then "#### c"
+        assert all(int(step.rsplit("= ", 1)[1]) >= 0 for step in steps), problem.sft_target
+    # "10 - 30 + 25" ends at 5 but passes through -20: it is redrawn too.
+    assert _has_negative_step([10, 30, 25], ["-", "+"])
+    assert not _has_negative_step([30, 10, 25], ["-", "+"])
 
 
 def test_determinism() -> None:
