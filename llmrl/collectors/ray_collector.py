@@ -73,6 +73,7 @@ from llmrl.collectors.llm_collector import (
     TrajectoryRunner,
     find_version_transform,
 )
+from llmrl.collectors.packed_weights import PackedStateDict
 from llmrl.collectors.weight_sync import RayObjectStoreWeightUpdater, import_ray
 
 if TYPE_CHECKING:
@@ -136,10 +137,13 @@ class InferenceActor:
             return self._scorer(td)
 
     def load_state_dict(
-        self, state_dict: dict[str, torch.Tensor], version: int | None = None
+        self, state_dict: dict[str, torch.Tensor] | PackedStateDict, version: int | None = None
     ) -> int:
-        """Load a trainer state dict into the policy: ``model.load_state_dict`` for a
-        transformers policy, ``load_weights`` for a vLLM one. Returns the new version."""
+        """Load a trainer state dict (or its packed form) into the policy:
+        ``model.load_state_dict`` for a transformers policy, ``load_weights`` for a vLLM one.
+        Returns the new version."""
+        if isinstance(state_dict, PackedStateDict):
+            state_dict = state_dict.unpack()
         with self._exclusive():
             if callable(getattr(self.policy, "load_weights", None)):
                 self.policy.load_weights(state_dict.items())

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from llmrl.collectors.packed_weights import PackedStateDict
 from llmrl.models.errors import MissingExtraError
 
 logger = logging.getLogger(__name__)
@@ -136,9 +137,11 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
             prefix cache).
         source: the trainer model pushed by default.
 
-    Bytes count the CPU state dict put in the object store (once, whatever the actor count).
-    The last pushed state dict stays there (``latest``, an object reference) so that
-    :meth:`restore` can load it into an actor rebuilt after a crash.
+    InferenceActors get a :class:`~llmrl.collectors.packed_weights.PackedStateDict` (numpy
+    arrays, read without a copy; tied tensors once). Bytes count what is put in the object
+    store (once, whatever the actor count). The last pushed state dict stays there
+    (``latest``, an object reference) so that :meth:`restore` can load it into an actor
+    rebuilt after a crash.
     """
 
     def __init__(self, inference_actors: list[Any], source: Weights | None = None) -> None:
@@ -162,18 +165,23 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
     def _push(self, weights: Weights, version: int) -> int:
         ray = import_ray("Pushing weights to Ray actors")
         state = {name: tensor.detach().cpu() for name, tensor in as_state_dict(weights).items()}
-        as_dict, as_pairs = None, None
+        packed, as_pairs = None, None
         calls = []
+        nbytes = 0
         for actor in self.inference_actors:
-            if hasattr(actor, "load_state_dict"):  # an InferenceActor
-                as_dict = as_dict if as_dict is not None else ray.put(state)
-                calls.append(actor.load_state_dict.remote(as_dict, version))
+            if hasattr(actor, "load_state_dict"):  # an InferenceActor: numpy, zero-copy reads
+                if packed is None:
+                    packed = PackedStateDict.pack(state)
+                    nbytes += packed.nbytes
+                    self.latest = ray.put(packed)
+                calls.append(actor.load_state_dict.remote(self.latest, version))
             else:  # a VLLMEngine actor
-                as_pairs = as_pairs if as_pairs is not None else ray.put(list(state.items()))
+                if as_pairs is None:
+                    as_pairs = ray.put(list(state.items()))
+                    nbytes += state_dict_bytes(state)
                 calls.append(actor.load_weights.remote(as_pairs))
-        self.latest = as_dict
         ray.get(calls)
-        return state_dict_bytes(state)
+        return nbytes
 
 
 class VLLMNCCLWeightUpdater(WeightUpdater):
