@@ -22,7 +22,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import Contender, alternate, median_of, print_table, verdict
+from harness import (
+    Contender,
+    alternate,
+    figure,
+    max_of,
+    measure,
+    median_of,
+    print_table,
+    save_results,
+    summarize,
+    verdict,
+)
 from peers import peers_python
 from workload import grpo_arguments, grpo_options
 
@@ -70,17 +81,53 @@ def main() -> None:
     rows = []
     for contender in contenders:
         runs = results[contender.name]
-        row = [contender.name, f"{median_of(runs, 'seconds'):.2f}"]
+        row = [contender.name, f"{median_of(runs, 'seconds'):.2f}", f"{max_of(runs):.0f}"]
         row += [f"{median_of(runs, 'phases.' + phase):.2f}" for phase in PHASES]
         rows.append(row)
-    print_table(rows, ["contender", "step s", *PHASES])
+    print_table(rows, ["contender", "step s", "peak RSS MB", *PHASES])
     llmrl = median_of(results["llmrl"], "seconds")
+    figures = []
     for contender in contenders[1:]:
-        ratio = llmrl / median_of(results[contender.name], "seconds")
+        peer = median_of(results[contender.name], "seconds")
+        ratio = llmrl / peer
         print(
             f"ratio llmrl / {contender.name} (step time): {ratio:.3f}  "
             f"{verdict(ratio, TARGET, higher_is_better=False)}"
         )
+        figures.append(
+            figure(
+                f"one GRPO iteration, {args.prompts} prompts x G={args.samples}, "
+                f"<= {args.new_tokens} new tokens, beta 0",
+                measure(llmrl, "s", f"{llmrl:.1f} s"),
+                ratio,
+                TARGET,
+                higher_is_better=False,
+                peer=(
+                    contender.name.replace("TRL", "TRL `GRPOTrainer`", 1),
+                    measure(peer, "s", f"{peer:.1f} s"),
+                ),
+            )
+        )
+    save_results(
+        "grpo_step",
+        figures,
+        {
+            c.name: summarize(
+                c,
+                results[c.name],
+                **{p: median_of(results[c.name], "phases." + p) for p in PHASES},
+            )
+            for c in contenders
+        },
+        extra={
+            "model": args.model,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
+            "lr": args.lr,
+            "reps": args.reps,
+        },
+    )
 
 
 if __name__ == "__main__":

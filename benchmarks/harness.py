@@ -14,24 +14,48 @@ Driver side::
 
     with Contender("llmrl", python, "llmrl_side.py", {"kind": "rollout", ...}) as a, ...:
         results = alternate([a, b], reps=5)
+    save_results("rollout", [figure(...), ...], {c.name: summarize(c, results[c.name]) ...})
+
+Memory: ``serve`` adds to the setup report and to every result the worker's peak resident memory
+so far, ``peak_rss_mb`` (the worker process alone: its ``VmHWM`` on Linux, the peak
+``getrusage(RUSAGE_SELF).ru_maxrss`` reports without the driver's peak that Linux carries into
+it through ``exec``), and ``peak_rss_children_mb`` (``getrusage(RUSAGE_CHILDREN)``: the largest
+single descendant process the worker has waited for, e.g. the Ray processes a runtime request
+stops at its end; 0 when it spawned none). The two are kept apart, not summed: the children's
+figure is one process's peak (an upper bound: it includes the worker's own peak at the time the
+child was spawned), not the peak of the process tree, and processes still running (or not reaped
+by the worker) are not in it. A script's ``peak RSS`` is the maximum over repetitions (the value
+only grows).
+
+Results: ``save_results`` writes ``results/<name>.json`` (machine facts, each contender's info,
+medians and peak memory, the figures with their targets and verdicts); ``report.py`` turns every
+results file into the "Latest figures" table of ``README.md``.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
+import resource
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULT_PREFIX = "@@result "
 WORK_DIR = HERE / ".work"  # the exported model both sides load; gitignored
+RESULTS_DIR = HERE / "results"  # one JSON file per benchmark, committed; report.py reads them
+# packages whose versions a worker reports when it has imported them
+REPORTED_PACKAGES = ("torch", "transformers", "trl", "torchrl", "tensordict", "ray", "llmrl")
 
 
 class Contender:
@@ -146,11 +170,197 @@ def verdict(ratio: float, target: float, higher_is_better: bool) -> str:
     )
 
 
+def max_of(results: list[dict[str, Any]], key: str = "peak_rss_mb") -> float | None:
+    """The maximum of ``key`` over repetitions (None when no result has it): peak memory."""
+    values = [float(r[key]) for r in results if r.get(key) is not None]
+    return max(values) if values else None
+
+
+def summarize(contender: Contender, runs: list[dict[str, Any]], **medians: float) -> dict[str, Any]:
+    """One contender's entry of a results file: its worker's info, the number of repetitions,
+    the medians of ``seconds`` and ``cpu_seconds`` plus ``medians`` (what the script's table
+    shows), and its peak memory (maximum over repetitions, MiB)."""
+    return {
+        "info": contender.info,
+        "reps": len(runs),
+        "medians": {
+            "seconds": median_of(runs, "seconds") if runs else None,
+            "cpu_seconds": median_of(runs, "cpu_seconds") if runs else None,
+            **medians,
+        },
+        "peak_rss_mb": max_of([contender.info, *runs], "peak_rss_mb"),
+        "peak_rss_children_mb": max_of([contender.info, *runs], "peak_rss_children_mb"),
+    }
+
+
+def measure(value: float | None, unit: str, text: str | None = None) -> dict[str, Any]:
+    """A figure's value: the number, its unit and how the table shows it."""
+    shown = text if text is not None else (f"{value:.4g} {unit}" if value is not None else "")
+    return {"value": value, "unit": unit, "text": shown}
+
+
+def figure(
+    what: str,
+    llmrl: dict[str, Any],
+    ratio: float,
+    target: float | None,
+    higher_is_better: bool,
+    peer: tuple[str, dict[str, Any]] | None = None,
+    **display: str,
+) -> dict[str, Any]:
+    """One compared figure as a results file keeps it: ``llmrl`` and ``peer`` (name, measure)
+    values, the ratio the script prints, its target and the verdict (``met``; ``gap``: how far
+    the ratio misses the target, 0 when met). ``target=None``: a ratio printed without a target.
+    ``display`` (``ratio_text``, ``target_text``, ``note``) overrides how report.py shows it."""
+    met = None if target is None else (ratio >= target if higher_is_better else ratio <= target)
+    return {
+        "what": what,
+        "llmrl": llmrl,
+        "peer": None if peer is None else {"name": peer[0], **peer[1]},
+        "ratio": ratio,
+        "target": target,
+        "higher_is_better": higher_is_better,
+        "met": met,
+        "gap": None if target is None else (0.0 if met else abs(ratio - target)),
+        "verdict": None if target is None else verdict(ratio, target, higher_is_better),
+        **display,
+    }
+
+
+def machine_facts() -> dict[str, Any]:
+    """The driver's machine: CPU model, logical CPUs, memory, OS, Python, torch (version and
+    thread count of this process) and transformers versions, GPU if torch sees one."""
+    facts: dict[str, Any] = {
+        "cpu_model": _proc_field("/proc/cpuinfo", ("model name", "Hardware", "Processor")),
+        "logical_cpus": os.cpu_count(),
+        "memory_total_gib": None,
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": None,
+        "torch_threads": None,
+        "transformers": _distribution("transformers"),
+        "gpu": None,
+    }
+    memory = _proc_field("/proc/meminfo", ("MemTotal",))
+    if memory is not None:  # "24682416 kB"
+        facts["memory_total_gib"] = round(int(memory.split()[0]) / 2**20, 1)
+    try:
+        import torch
+    except ImportError:
+        return facts
+    facts["torch"] = torch.__version__
+    facts["torch_threads"] = torch.get_num_threads()
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        facts["gpu"] = cuda.get_device_name(0)
+    return facts
+
+
+def _proc_field(path: str, keys: Sequence[str]) -> str | None:
+    """The first ``key: value`` line of a /proc file whose key is one of ``keys``."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in keys and value.strip():
+            return value.strip()
+    return None
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def save_results(
+    name: str,
+    figures: Sequence[dict[str, Any]],
+    contenders: Mapping[str, dict[str, Any]],
+    extra: dict[str, Any] | None = None,
+    results_dir: Path | None = None,
+) -> Path:
+    """Write ``results/<name>.json``: the benchmark, when, the command line, the machine, each
+    contender's entry (``summarize``) and the ``figures`` (``figure``), plus ``extra`` (the
+    workload's settings). Overwrites the previous file of that benchmark; returns its path."""
+    directory = RESULTS_DIR if results_dir is None else Path(results_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join(["python", *sys.argv]),
+        "git_commit": _git_commit(),
+        "machine": machine_facts(),
+        "contenders": dict(contenders),
+        "figures": list(figures),
+        "extra": extra or {},
+    }
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"results written to {path}")
+    return path
+
+
+def peak_rss_mb(children: bool = False) -> float:
+    """Peak resident memory in MiB of this process, or (``children``) of its largest waited-for
+    descendant.
+
+    Own peak: ``VmHWM`` of ``/proc/self/status`` where there is one (Linux), else
+    ``getrusage(RUSAGE_SELF).ru_maxrss``. The two agree except that Linux carries the spawning
+    process's peak through ``exec`` into ``ru_maxrss`` (a worker would start at its driver's
+    peak), while ``VmHWM`` belongs to the process's own memory. Children: ``getrusage(
+    RUSAGE_CHILDREN).ru_maxrss`` (KiB on Linux, bytes on macOS), which has that carry-over: a
+    child's figure is at least its parent's peak when it was spawned, an upper bound."""
+    if not children:
+        try:
+            with open("/proc/self/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):  # "VmHWM:	   17028 kB"
+                        return int(line.split()[1]) / 2**10
+        except (OSError, ValueError, IndexError):
+            pass
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
+    return usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def _memory(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["peak_rss_mb"] = peak_rss_mb()
+    payload["peak_rss_children_mb"] = peak_rss_mb(children=True)
+    return payload
+
+
+def _versions() -> dict[str, str]:
+    """Versions of the reported packages this process has imported."""
+    found = {}
+    for name in REPORTED_PACKAGES:
+        module = sys.modules.get(name)
+        if module is not None:
+            found[name] = str(getattr(module, "__version__", None) or _distribution(name))
+    return found
+
+
+def _distribution(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def serve(setup: Callable[[dict[str, Any]], tuple[dict[str, Any], Callable[[int], dict]]]) -> None:
     """Worker main loop: ``setup(options)`` once, then one result line per ``{"seed": s}``.
 
-    ``setup`` returns (an info dict, ``run(seed) -> result``); ``serve`` adds ``seconds`` (wall)
-    and ``cpu_seconds`` to each result. Anything else the worker prints goes to stderr.
+    ``setup`` returns (an info dict, ``run(seed) -> result``); ``serve`` adds to the info the
+    Python and package versions and ``setup_seconds``, and to each result ``seconds`` (wall),
+    ``cpu_seconds``; both get ``peak_rss_mb`` and ``peak_rss_children_mb`` (MiB so far; see the
+    module docstring). Anything else the worker prints goes to stderr.
     """
     reply = sys.stdout
     sys.stdout = sys.stderr  # library prints must not interleave with the protocol
@@ -158,14 +368,16 @@ def serve(setup: Callable[[dict[str, Any]], tuple[dict[str, Any], Callable[[int]
         started = time.perf_counter()
         info, run = setup(json.loads(Path(sys.argv[1]).read_text()))
         info["setup_seconds"] = time.perf_counter() - started
-        _send(reply, info)
+        info.setdefault("python", platform.python_version())
+        info.setdefault("versions", _versions())
+        _send(reply, _memory(info))
         for line in sys.stdin:
             seed = json.loads(line)["seed"]
             wall, cpu = time.perf_counter(), time.process_time()
             result = run(seed)
             result["seconds"] = time.perf_counter() - wall
             result["cpu_seconds"] = time.process_time() - cpu
-            _send(reply, result)
+            _send(reply, _memory(result))
     except Exception:  # reported to the driver, which raises it with the worker's traceback
         import traceback
 

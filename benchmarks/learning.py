@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import WORK_DIR, Contender, print_table
+from harness import WORK_DIR, Contender, figure, measure, print_table, save_results, summarize
 from peers import peers_python
 from workload import grpo_arguments, grpo_options
 
@@ -47,16 +47,19 @@ def main() -> None:
         "out_dir": str(out_dir),
         "gradient_checkpointing": True,
     }
-    saved = {}
+    saved, summaries = {}, {}
     for name, python, script in (
         ("llmrl", sys.executable, "llmrl_side.py"),
         ("TRL", peers_python(), "trl_side.py"),
     ):
         print(f"training {name} for {args.budget_minutes:g} minutes", flush=True)
         with Contender(name, python, script, options) as worker:
-            saved[name] = worker.run(seed=0)["saved"]
+            result = worker.run(seed=0)
+        saved[name] = result["saved"]
+        summaries[name] = summarize(worker, [result])
 
-    rows = [["SFT start", "0", "0", f"{accuracy(start, data, args.eval_rows):.3f}"]]
+    start_accuracy = accuracy(start, data, args.eval_rows)
+    rows = [["SFT start", "0", "0", f"{start_accuracy:.3f}"]]
     for name, marks in saved.items():
         for key, where in marks.items():
             acc = accuracy(Path(where["path"]), data, args.eval_rows)
@@ -80,6 +83,38 @@ def main() -> None:
     print(
         f"\nllmrl at 0.6x the time: {llmrl_early:.3f} vs TRL at 1x: {trl_full:.3f}  "
         f"{met} target (llmrl reaches TRL's accuracy in <= 0.6x the time)"
+    )
+
+    # the target as a figure: llmrl's accuracy at 0.6x the time minus TRL's at 1x, >= 0
+    for name, marks in saved.items():
+        summaries[name]["medians"]["saved"] = marks
+    save_results(
+        "learning",
+        [
+            figure(
+                f"held-out accuracy at equal wall time ({args.budget_minutes:g} min each), "
+                f"from one SFT checkpoint ({start_accuracy:.3f})",
+                measure(llmrl_early, "accuracy", f"{llmrl_early:.3f} at 0.6x the time"),
+                llmrl_early - trl_full,
+                0.0,
+                higher_is_better=True,
+                peer=("TRL", measure(trl_full, "accuracy", f"{trl_full:.3f} at 1x")),
+                ratio_text=f"{llmrl_early - trl_full:+.3f}",
+                target_text="llmrl reaches TRL's accuracy in <= 0.6x the time",
+                note="one seed",
+            )
+        ],
+        summaries,
+        extra={
+            "model": str(start),
+            "sft_accuracy": start_accuracy,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
+            "lr": args.lr,
+            "budget_minutes": args.budget_minutes,
+            "eval_rows": args.eval_rows,
+        },
     )
 
 

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from harness import figure, measure, peak_rss_mb, save_results
+
 REPEATS = 3
 
 LLMRL_LOAD = """
@@ -69,6 +71,34 @@ def main() -> None:
     for name, seconds in rows:
         print(f"{name:<34} {seconds:>8.2f} {seconds / first:>9.2f}")
     print(f"cached / first = {cached / first:.3f} ({first / cached:.1f}x faster once cached)")
+
+    def timing(value: float) -> dict:
+        return measure(value, "s", f"{value:.2f} s")
+
+    save_results(
+        "model_load",
+        [
+            figure(
+                "load smollm2-135m-instruct: cached load / first load (GGUF conversion)",
+                timing(cached),
+                cached / first,
+                None,
+                higher_is_better=False,
+                peer=("llmrl first load", timing(first)),
+            )
+        ],
+        {
+            name: {
+                "info": {},
+                "reps": REPEATS if name.startswith("cached") else 1,
+                "medians": {"seconds": value},
+                "peak_rss_mb": None,  # one process per load: see extra
+                "peak_rss_children_mb": None,
+            }
+            for name, value in rows
+        },
+        extra={"largest_load_process_peak_rss_mb": peak_rss_mb(children=True)},
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,16 @@ import argparse
 import statistics
 import sys
 
-from harness import Contender, alternate, print_table, verdict
+from harness import (
+    Contender,
+    alternate,
+    figure,
+    measure,
+    print_table,
+    save_results,
+    summarize,
+    verdict,
+)
 from workload import grpo_arguments, grpo_options
 
 TARGET = 0.05
@@ -82,6 +91,51 @@ def main() -> None:
     )
     print(f"\nllmrl overhead (median): {median:.1%}  {verdict(median, TARGET, False)}")
     print(f"llmrl step / plain transformers generate + forward/backward (median): {ratio:.3f}")
+
+    step = statistics.median(r["step_seconds"] for r in runs)
+    baseline = statistics.median(
+        r["pure"]["generate"] + r["pure"]["forward_backward"] for r in runs
+    )
+    save_results(
+        "overhead",
+        [
+            figure(
+                "step time outside the model (generate, forward, backward, optimizer)",
+                measure(median, "fraction of the step", f"{median:.1%} of the step"),
+                median,
+                TARGET,
+                higher_is_better=False,
+                ratio_text=f"{median:.1%}",
+                target_text=f"<= {TARGET:.0%}",
+            ),
+            figure(
+                "llmrl step / plain transformers `generate` + forward/backward on the same tokens",
+                measure(step, "s", f"{step:.1f} s"),
+                ratio,
+                None,
+                higher_is_better=False,
+                peer=("plain transformers", measure(baseline, "s", f"{baseline:.1f} s")),
+            ),
+        ],
+        {
+            "llmrl": summarize(
+                worker,
+                runs,
+                step_seconds=step,
+                overhead=median,
+                plain_transformers_seconds=baseline,
+                step_over_plain=ratio,
+            )
+        },
+        extra={
+            "model": args.model,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
+            "lr": args.lr,
+            "reps": args.reps,
+        },
+    )
 
 
 if __name__ == "__main__":

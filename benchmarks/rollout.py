@@ -17,10 +17,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness import Contender, alternate, median_of, print_table, verdict
+from harness import (
+    Contender,
+    alternate,
+    figure,
+    max_of,
+    measure,
+    median_of,
+    print_table,
+    save_results,
+    summarize,
+    verdict,
+)
 from workload import exported_model, rollout_chats
 
 TARGET_VS_HF, TARGET_VS_TORCHRL = 0.97, 1.2
+PEER_NAMES = {"raw HF": "raw HF `generate`", "TorchRL": "TorchRL `TransformersWrapper`"}
 
 
 def main() -> None:
@@ -75,24 +87,67 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
             [
                 contender.name,
                 f"{seconds:.2f}",
+                f"{max_of(runs):.0f}",
                 f"{median_of(runs, 'cpu_seconds'):.2f}",
                 f"{tokens:.0f}",
                 f"{rate[contender.name]:.1f}",
             ]
         )
-    print_table(rows, ["contender", "median s", "CPU s", "tokens", "tokens/s"])
+    print_table(rows, ["contender", "median s", "peak RSS MB", "CPU s", "tokens", "tokens/s"])
     same = results["llmrl"] and [r["tokens"] for r in results["llmrl"]] == [
         r["tokens"] for r in results["raw HF"]
     ]
     print(f"llmrl and raw HF sampled the same number of tokens every repetition: {same}")
     vs_hf = rate["llmrl"] / rate["raw HF"]
     print(f"\nratio llmrl / raw HF (tokens/s): {vs_hf:.3f}  {verdict(vs_hf, TARGET_VS_HF, True)}")
+    ratios = {"raw HF": vs_hf}
     if "TorchRL" in rate:
         vs_trl = rate["llmrl"] / rate["TorchRL"]
         print(
             f"ratio llmrl / TorchRL (tokens/s): {vs_trl:.3f}  "
             f"{verdict(vs_trl, TARGET_VS_TORCHRL, True)}"
         )
+        ratios["TorchRL"] = vs_trl
+
+    def tokens_per_s(name: str) -> dict:
+        return measure(rate[name], "tok/s", f"{rate[name]:.1f} tok/s")
+
+    what = (
+        f"tokens/s, {args.batch} chats x {args.samples} samples, <= {args.new_tokens} new tokens, "
+        "sampling + log-probs"
+    )
+    figures = [
+        figure(
+            what,
+            tokens_per_s("llmrl"),
+            ratio,
+            TARGET_VS_HF if peer == "raw HF" else TARGET_VS_TORCHRL,
+            higher_is_better=True,
+            peer=(PEER_NAMES[peer], tokens_per_s(peer)),
+        )
+        for peer, ratio in ratios.items()
+    ]
+    save_results(
+        "rollout",
+        figures,
+        {
+            c.name: summarize(
+                c,
+                results[c.name],
+                tokens=median_of(results[c.name], "tokens"),
+                tokens_per_s=rate[c.name],
+            )
+            for c in contenders
+        },
+        extra={
+            "model": args.model,
+            "batch": args.batch,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
+            "reps": args.reps,
+            "same_tokens_llmrl_raw_hf": bool(same),
+        },
+    )
 
 
 if __name__ == "__main__":

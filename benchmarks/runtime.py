@@ -36,7 +36,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import Contender, alternate, median_of, print_table, verdict
+from harness import (
+    Contender,
+    alternate,
+    figure,
+    measure,
+    median_of,
+    print_table,
+    save_results,
+    summarize,
+    verdict,
+)
 from workload import grpo_arguments, grpo_options
 
 OVERHEAD_TARGET = 0.10  # (runtime sync step - in-process step) / runtime sync step
@@ -152,6 +162,60 @@ def main() -> None:
     print(
         f"async throughput (runtime sync step / runtime async step): {speedup:.3f}x  "
         f"{verdict(speedup, ASYNC_TARGET, higher_is_better=True)}"
+    )
+
+    def per_step(name: str) -> dict:
+        return measure(step[name], "s/step", f"{step[name]:.2f} s/step")
+
+    workload = f"{args.prompts} prompts x G={args.samples}, <= {args.new_tokens} new tokens"
+    save_results(
+        "runtime",
+        [
+            figure(
+                f"runtime overhead: (runtime sync - in-process) / runtime sync step, {workload}",
+                per_step("runtime sync"),
+                overhead,
+                OVERHEAD_TARGET,
+                higher_is_better=False,
+                peer=("in-process", per_step("in-process")),
+                ratio_text=f"{overhead:.1%}",
+                target_text=f"<= {OVERHEAD_TARGET:.0%}",
+            ),
+            figure(
+                f"async throughput: runtime sync step / runtime async step, {workload}",
+                per_step("runtime async"),
+                speedup,
+                ASYNC_TARGET,
+                higher_is_better=True,
+                peer=("runtime sync", per_step("runtime sync")),
+                ratio_text=f"{speedup:.3f}x",
+                target_text=f">= {ASYNC_TARGET}x",
+            ),
+        ],
+        {
+            c.name: summarize(
+                c,
+                results[c.name],
+                step_seconds=step[c.name],
+                training=median_of(results[c.name], "training"),
+                startup_seconds=median_of(results[c.name], "startup_seconds"),
+                **{p: median_of(results[c.name], "phases." + p) for p in PHASES},
+            )
+            for c in contenders
+        },
+        extra={
+            "model": args.model,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
+            "lr": args.lr,
+            "reps": args.reps,
+            "steps_per_rep": steps,
+            "threads": args.threads,
+            "async_threads": args.async_threads,
+            "max_staleness": args.max_staleness,
+            "async_staleness": staleness,
+        },
     )
 
 

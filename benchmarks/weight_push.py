@@ -20,7 +20,7 @@ import tempfile
 import time
 
 import torch
-from harness import print_table
+from harness import figure, measure, peak_rss_mb, print_table, save_results
 
 from llmrl.collectors.packed_weights import PackedStateDict
 from llmrl.models import load_model
@@ -72,7 +72,42 @@ def main() -> None:
         [[kind, f"{medians[kind]:.2f}", f"{sizes[kind] / 1e6:.0f}"] for kind in seconds],
         ["form", "push seconds (median)", "MB"],
     )
-    print(f"packed / tensors: {medians['packed'] / medians['tensors']:.3f}x")
+    ratio = medians["packed"] / medians["tensors"]
+    print(f"packed / tensors: {ratio:.3f}x")
+
+    def pushed(kind: str) -> dict:
+        return measure(medians[kind], "s", f"{medians[kind]:.2f} s")
+
+    save_results(
+        "weight_push",
+        [
+            figure(
+                f"one weight push into a Ray actor (put + `load_state_dict`), {args.model} fp32",
+                pushed("packed"),
+                ratio,
+                None,
+                higher_is_better=False,
+                peer=("torch tensors (before)", pushed("tensors")),
+                ratio_text=f"{ratio:.3f}x",
+            )
+        ],
+        {
+            kind: {
+                "info": {"form": "PackedStateDict" if kind == "packed" else "torch tensors"},
+                "reps": args.reps,
+                "medians": {"seconds": medians[kind], "mb": sizes[kind] / 1e6},
+                "peak_rss_mb": None,  # both forms run in the driver: see extra
+                "peak_rss_children_mb": None,
+            }
+            for kind in seconds
+        },
+        extra={
+            "model": args.model,
+            "reps": args.reps,
+            "ray": ray.__version__,
+            "driver_peak_rss_mb": peak_rss_mb(),
+        },
+    )
 
 
 if __name__ == "__main__":
