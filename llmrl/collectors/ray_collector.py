@@ -259,6 +259,12 @@ class EnvWorker:
         )
         return units, info
 
+    def close(self) -> None:
+        """Close the env (its transforms' resources: MCP servers, sandboxes), if it can be."""
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            close()
+
     def set_inference_actor(self, inference_actor: Any) -> None:
         """Send the next policy calls to ``inference_actor`` (a rebuilt one)."""
         self.inference_actor = inference_actor
@@ -533,9 +539,16 @@ class RayLLMCollector(CollectorBase):
         self._worker_states = list(state["workers"])
         self._drop_pending()
 
-    def shutdown(self) -> None:
-        """Kill the env workers and inference actors (Ray itself keeps running)."""
+    def shutdown(self, close_timeout_s: float = 10.0) -> None:
+        """Close the env workers' envs (stopping tool servers cleanly; bounded by
+        ``close_timeout_s``, a dead or stuck worker is killed regardless), then kill the env
+        workers and inference actors (Ray itself keeps running)."""
         ray = import_ray("RayLLMCollector")
+        closing = [worker.close.remote() for worker in self.env_workers]
+        if closing:
+            _, stuck = ray.wait(closing, num_returns=len(closing), timeout=close_timeout_s)
+            if stuck:
+                logger.warning("%d env worker(s) did not close in time; killing", len(stuck))
         for actor in [*self.env_workers, *self.inference_actors]:
             ray.kill(actor)
         self.env_workers, self.inference_actors = [], []

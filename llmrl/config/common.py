@@ -168,12 +168,96 @@ class PythonToolSettings(ConfigModel):
     max_blocks: int = Field(8, ge=1, description="python blocks run per reply, at most")
 
 
+class MCPServerSettings(ConfigModel):
+    """One MCP server (see :mod:`llmrl.envs.transforms.mcp_tools`): a stdio server started as
+    ``command`` + ``args`` (with ``env`` and ``cwd``), or a streamable HTTP server at ``url``."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the server's name (unique; in error messages and logs)",
+    )
+    command: str | None = Field(None, description="stdio: the executable that runs the server")
+    args: list[str] = Field(default_factory=list, description="stdio: its arguments")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="stdio: extra environment variables (the server sees only HOME, PATH, "
+        "USER, ... of ours plus these)",
+    )
+    cwd: str | None = Field(None, description="stdio: its working directory")
+    url: str | None = Field(None, description="streamable HTTP: the server's endpoint URL")
+    timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="wall-clock limit of one tool call, in seconds"
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerSettings:
+        if self.command is None and self.url is None:
+            raise ValueError(
+                f"server {self.name!r} needs `command` (a stdio server) or `url` "
+                "(a streamable HTTP server)"
+            )
+        if self.command is not None and self.url is not None:
+            raise ValueError(
+                f"server {self.name!r} has both `command` and `url`: give one (stdio or HTTP)"
+            )
+        if self.url is not None:
+            stdio_only = [k for k in ("args", "env", "cwd") if getattr(self, k)]
+            if stdio_only:
+                raise ValueError(
+                    f"server {self.name!r}: `{'`, `'.join(stdio_only)}` only apply to a stdio "
+                    "server (`command`), not to `url`"
+                )
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"server {self.name!r}: `url` must start with http:// or https://, "
+                    f"got {self.url!r}"
+                )
+        return self
+
+
+class MCPToolSettings(ConfigModel):
+    """Tools of MCP servers (:class:`llmrl.envs.transforms.MCPToolTransform`): the model calls
+    them as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and each result comes
+    back as a ``tool`` message."""
+
+    enabled: bool = Field(False, description="give the model the tools of `servers`")
+    servers: list[MCPServerSettings] = Field(
+        default_factory=list, description="the MCP servers (tool names must be unique)"
+    )
+    max_calls: int = Field(4, ge=1, description="tool calls run per reply, at most")
+    max_output_chars: int = Field(4000, ge=1, description="a tool result is cut to this size")
+    start_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="limit for a server to start and list its tools"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="restarts of a crashed server per env worker, at most"
+    )
+
+    @model_validator(mode="after")
+    def _servers(self) -> MCPToolSettings:
+        if self.enabled and not self.servers:
+            raise ValueError("`servers` is empty: give at least one server when `enabled`")
+        seen: dict[str, int] = {}
+        for index, server in enumerate(self.servers):
+            if server.name in seen:
+                raise ValueError(
+                    f"servers[{seen[server.name]}] and servers[{index}] are both named "
+                    f"{server.name!r}; server names must be unique"
+                )
+            seen[server.name] = index
+        return self
+
+
 class ToolSettings(ConfigModel):
     """Tools the model may call during an episode (multi-turn: each tool call and its result
     take a turn, and the episode ends with a reply that calls no tool)."""
 
     python: PythonToolSettings = Field(
         default_factory=PythonToolSettings, description="the Python interpreter"
+    )
+    mcp: MCPToolSettings = Field(
+        default_factory=MCPToolSettings,
+        description="tools of MCP servers (may be on together with `python`)",
     )
     max_turns: int = Field(
         3,
@@ -185,4 +269,4 @@ class ToolSettings(ConfigModel):
     @property
     def enabled(self) -> bool:
         """Whether any tool is on (episodes may then take several turns)."""
-        return self.python.enabled
+        return self.python.enabled or self.mcp.enabled

@@ -1,8 +1,11 @@
 """The ``prepare`` stage's config: which task, where its rows come from, how to split them.
 
 Two kinds of task exist. *Generated* tasks (arithmetic, countdown, ifeval) synthesize their
-problems from a seed and read no data; *source* tasks (gsm8k) read rows from a local file, a
-``datasets`` ``save_to_disk`` directory, or a Hugging Face hub id that the user names explicitly.
+problems from a seed and read no data; *source* tasks (gsm8k, and ifeval when a ``source`` is
+given) read rows from a local .jsonl/.json/.parquet file or a ``datasets`` ``save_to_disk``
+directory. Nothing is downloaded: a hub id is read only from the local Hugging Face cache, and
+one that is not cached is an error saying how to save a local copy (see
+:mod:`llmrl.data.datasets`).
 """
 
 from __future__ import annotations
@@ -14,13 +17,26 @@ from pydantic import Field, field_validator, model_validator
 
 from llmrl.config.loading import ConfigModel
 
-TaskName = Literal["arithmetic", "gsm8k", "countdown", "ifeval"]
+TaskName = Literal["arithmetic", "gsm8k", "math", "countdown", "ifeval"]
 
 GENERATED_TASKS: tuple[str, ...] = ("arithmetic", "countdown", "ifeval")
 """Tasks whose problems are synthesized from a seed (``generate`` section)."""
 
-SOURCE_TASK_FIELDS: dict[str, tuple[str, ...]] = {"gsm8k": ("question", "answer")}
-"""Tasks that read rows from a ``source``, with the fields each row must provide."""
+SOURCE_TASK_FIELDS: dict[str, tuple[str, ...]] = {
+    "gsm8k": ("question", "answer"),
+    "math": ("problem",),
+    "ifeval": ("prompt", "instruction_id_list", "kwargs"),
+}
+"""Tasks that read rows from a ``source``, with the fields each row must provide (the first one is
+the text that assigns a row to train or eval). A task in both this and :data:`GENERATED_TASKS`
+reads a source when one is given and generates its problems otherwise."""
+
+STRUCTURED_FIELDS: dict[str, tuple[str, ...]] = {"ifeval": ("instruction_id_list", "kwargs")}
+"""Source fields that hold JSON values (lists, objects) rather than text; the task checks them."""
+
+OPTIONAL_TASK_FIELDS: dict[str, tuple[str, ...]] = {"math": ("solution", "answer", "level", "type")}
+"""Source fields a task reads when a row has them (null or absent: left out); the task checks
+them (math needs a ``solution`` with a boxed answer, or an ``answer``)."""
 
 
 class GenerateConfig(ConfigModel):
@@ -75,9 +91,10 @@ class PrepareConfig(ConfigModel):
     source: str | None = Field(
         None,
         description=(
-            "where a source task's rows come from: a .jsonl/.json/.parquet file, a datasets "
-            "save_to_disk directory, or a Hugging Face hub id such as openai/gsm8k (the hub is "
-            "only contacted for an id named here); must be null for generated tasks"
+            "where a source task's rows come from: a .jsonl/.json/.parquet file or a datasets "
+            "save_to_disk directory; a hub id (owner/name) is read only from the local Hugging "
+            "Face cache, never downloaded; null for generated tasks (ifeval: null generates, a "
+            "source reads IFEval-format rows)"
         ),
     )
     subset: str | None = Field(
@@ -90,13 +107,17 @@ class PrepareConfig(ConfigModel):
         ),
     )
     source_split: str = Field(
-        "train", description="split of a hub id or saved DatasetDict to read training rows from"
+        "train",
+        description=(
+            "split of a saved DatasetDict (or a cached hub dataset) to read training rows from; "
+            "a folder holding a single Dataset has no splits and is read whole"
+        ),
     )
     eval_split: str | None = Field(
         None,
         description=(
             "split of the eval source (or of `source` when eval_source is null) to read eval rows "
-            "from, e.g. 'test'; only for hub ids and saved datasets directories"
+            "from, e.g. 'test'; only for saved datasets directories"
         ),
     )
     eval_source: str | None = Field(
@@ -104,6 +125,21 @@ class PrepareConfig(ConfigModel):
         description=(
             "a separate source of eval rows (same formats as `source`); when it or eval_split "
             "is set, `split.eval_fraction` is not used"
+        ),
+    )
+    reader: Literal["auto", "datasets"] = Field(
+        "auto",
+        description=(
+            "how .jsonl/.json/.parquet files are read: 'auto' uses llmrl's own streaming readers; "
+            "'datasets' loads them with the datasets library (offline, into an Arrow cache under "
+            "cache_dir). A save_to_disk directory is always read with datasets"
+        ),
+    )
+    cache_dir: Path | None = Field(
+        None,
+        description=(
+            "where the datasets library keeps its Arrow cache for reader 'datasets' (null = "
+            "<output_dir>/.datasets-cache); it does not change the prepared rows"
         ),
     )
     columns: dict[str, str] = Field(
@@ -160,8 +196,10 @@ class PrepareConfig(ConfigModel):
     def _consistent(self) -> PrepareConfig:
         problems = (
             self._generated_problems()
-            if self.task in GENERATED_TASKS
-            else self._source_problems(SOURCE_TASK_FIELDS[self.task])
+            if self.is_generated
+            else self._source_problems(
+                SOURCE_TASK_FIELDS[self.task] + OPTIONAL_TASK_FIELDS.get(self.task, ())
+            )
         )
         if problems:
             raise ValueError("\n".join(problems))
@@ -170,7 +208,11 @@ class PrepareConfig(ConfigModel):
     @property
     def is_generated(self) -> bool:
         """Whether the task synthesizes its problems (no source is read)."""
-        return self.task in GENERATED_TASKS
+        if self.task not in GENERATED_TASKS:
+            return False
+        return self.task not in SOURCE_TASK_FIELDS or (
+            self.source is None and self.eval_source is None
+        )
 
     def _generated_problems(self) -> list[str]:
         reason = f"task '{self.task}' is generated and reads no source; remove it"
@@ -179,6 +221,8 @@ class PrepareConfig(ConfigModel):
             for name in ("source", "eval_source", "subset", "revision", "eval_split", "max_rows")
             if getattr(self, name) is not None
         ]
+        if self.reader != "auto" or self.cache_dir is not None:
+            problems.append(f"reader/cache_dir: {reason}")
         if self.columns:
             problems.append(f"columns: {reason}")
         if self.split != SplitConfig():
@@ -190,13 +234,13 @@ class PrepareConfig(ConfigModel):
         if self.source is None:
             problems.append(
                 f"source: required for task '{self.task}': a .jsonl/.json/.parquet file, a "
-                "datasets save_to_disk directory, or a hub id such as openai/gsm8k"
+                "datasets save_to_disk directory, or a cached hub id such as openai/gsm8k"
             )
         if self.generate != GenerateConfig():
             generated = ", ".join(GENERATED_TASKS)
             problems.append(
-                f"generate: only for generated tasks ({generated}); task '{self.task}' reads "
-                "`source`"
+                f"generate: only for generated tasks ({generated}) without a source; task "
+                f"'{self.task}' reads `source`"
             )
         for name in self.columns:
             if name not in fields:

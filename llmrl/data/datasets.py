@@ -2,8 +2,33 @@
 
 Every reader yields ``(row_number, row)`` with 1-based row numbers a user can find in the file
 (for JSONL, the line number), and every problem becomes a :class:`DatasetError` naming the file,
-the row and, where there is one, the field. ``datasets`` is optional: it is imported only for a
-``save_to_disk`` directory or a hub id, and the hub is reached only for an id the caller names.
+the row and, where there is one, the field.
+
+Two readers:
+
+* ``reader="auto"`` (the default): .jsonl/.json/.parquet files are streamed by the plain
+  readers here (no ``datasets`` needed); a directory is read with ``datasets.load_from_disk``.
+* ``reader="datasets"``: files are loaded with ``datasets.load_dataset("json"|"parquet",
+  data_files=...)``, which converts them to Arrow once in ``cache_dir`` (``llmrl prepare``
+  passes ``cache_dir`` or ``<output_dir>/.datasets-cache``, never the home-directory default,
+  so the cache sits next to the prepared data and is easy to delete). Rows are numbered as the
+  plain readers number them (JSONL: by line, blank lines counted), so both readers give the same
+  row errors and the same prepared rows; one difference: Arrow cannot tell a missing field from
+  a null one, so a row without a field that other rows have reads as a null value (the error
+  still names the file, row and field).
+
+A ``save_to_disk`` directory may hold a ``Dataset`` (one split, read whatever ``split`` says when
+that is None or ``train``) or a ``DatasetDict`` (``split`` picks one; with a single split it is
+the default; a missing split is an error listing the available ones).
+
+Local files and folders are read offline, always: ``datasets`` is used inside :func:`offline`
+(``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set, ``DownloadConfig(local_files_only=True)``),
+so reading them never touches the network. A hub id (``owner/name``, when no such local path
+exists) is downloaded as ``datasets`` does, unless the environment already says offline
+(``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` set to 1, as ``make run`` and the tests do): then
+it is read from the local Hugging Face cache only, and one that is not cached fails at once
+with a :class:`DatasetError` that says how to save a local copy (see :func:`hub_error`)
+instead of hanging on the network.
 
 Example:
     >>> for row_number, row in read_rows("data/train.jsonl", columns=["question", "answer"]):
@@ -12,9 +37,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +55,7 @@ SUPPORTED = (
 )
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _CHUNK = 1 << 20
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 SourceKind = Literal["jsonl", "json", "parquet", "directory", "hub"]
 
@@ -149,27 +177,32 @@ def read_rows(
     split: str | None = None,
     subset: str | None = None,
     revision: str | None = None,
+    reader: Literal["auto", "datasets"] = "auto",
+    cache_dir: str | Path | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(row_number, row)`` for each row of ``source``, row numbers starting at 1.
 
     ``columns`` keeps only those keys of each row (absent ones stay absent, so a validator can
     name them). ``split`` picks a split of a hub id or saved ``DatasetDict`` (required when it
     has several); ``subset`` and ``revision`` are a hub dataset's config name and revision.
+    ``reader="datasets"`` reads a file with the ``datasets`` library (Arrow cache in
+    ``cache_dir``) instead of the plain readers; directories and hub ids always use it.
 
     Raises:
         DatasetError: unreadable input, naming the file, the line or row, and the problem.
         MissingDatasetsError: a directory or hub id without the ``datasets`` package.
     """
     resolved = source if isinstance(source, DataSource) else resolve_source(source)
-    if resolved.kind in ("directory", "hub"):
-        rows = _read_datasets(resolved, split, subset, revision)
+    is_file = resolved.kind not in ("directory", "hub")
+    if is_file and split is not None:
+        raise DatasetError(
+            f"split {split!r} given, but a .{resolved.kind} file has no splits; use a "
+            "separate eval source file instead",
+            file=resolved.spec,
+        )
+    if not is_file or reader == "datasets":
+        rows = _read_datasets(resolved, split, subset, revision, cache_dir)
     else:
-        if split is not None:
-            raise DatasetError(
-                f"split {split!r} given, but a .{resolved.kind} file has no splits; use a "
-                "separate eval source file instead",
-                file=resolved.spec,
-            )
         readers = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
         rows = readers[resolved.kind](resolved, columns)
     for number, row in rows:
@@ -299,43 +332,157 @@ def _read_parquet(source: DataSource, columns: Sequence[str] | None) -> Iterator
             yield number, row
 
 
-def require_datasets(source: DataSource) -> None:
+def require_datasets(source: DataSource, reader: str = "auto") -> None:
     """Fail early, before any work, when ``source`` needs the missing ``datasets`` package."""
-    if source.kind in ("directory", "hub") and importlib.util.find_spec("datasets") is None:
+    needs = source.kind in ("directory", "hub") or reader == "datasets"
+    if needs and importlib.util.find_spec("datasets") is None:
         raise MissingDatasetsError(source.spec)
 
 
+def hub_error(source: DataSource, cause: object = None) -> DatasetError:
+    """The error for a hub id that is not in the local cache: what to run to get a local copy."""
+    why = f" ({cause})" if cause else ""
+    return DatasetError(
+        f"a Hugging Face hub id that is not in the local Hugging Face cache{why}, and the "
+        "environment is offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set), so prepare "
+        "does not download it. Unset those to download, or save a local copy once where the "
+        "hub is reachable, "
+        f"e.g. python -c \"import datasets; datasets.load_dataset('{source.location}')"
+        f".save_to_disk('data/{source.location.rsplit('/', 1)[-1]}')\" (add the subset name "
+        "after the id if it has several), then set source to that folder",
+        file=source.spec,
+        reason="hub_not_cached",
+    )
+
+
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """Run ``datasets`` / ``huggingface_hub`` offline: no request leaves the machine.
+
+    Sets ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` in the environment and in both libraries'
+    already-imported config modules (they read the variables at import), restoring all on exit.
+    """
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved_env = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
+    saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+    os.environ.update(dict.fromkeys(_OFFLINE_VARIABLES, "1"))
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _read_datasets(
-    source: DataSource, split: str | None, subset: str | None, revision: str | None
+    source: DataSource,
+    split: str | None,
+    subset: str | None,
+    revision: str | None,
+    cache_dir: str | Path | None = None,
 ) -> Iterator[tuple[int, dict]]:
     try:
         import datasets
     except ImportError:
         raise MissingDatasetsError(source.spec) from None
-    if source.kind == "directory":
-        try:
-            loaded = datasets.load_from_disk(source.location)
-        except FileNotFoundError as error:
-            raise DatasetError(
-                f"not a datasets save_to_disk directory ({error}); expected {SUPPORTED}",
-                file=source.spec,
-            ) from None
-    else:
-        loaded = datasets.load_dataset(source.location, subset, revision=revision)
+    cache = None if cache_dir is None else str(Path(cache_dir).expanduser().resolve())
+    local_only = source.kind != "hub" or environment_is_offline()
+    with offline() if local_only else contextlib.nullcontext():
+        loaded = _load(datasets, source, subset, revision, cache, local_only)
     if isinstance(loaded, (datasets.DatasetDict, dict)):
         names = sorted(loaded)
         if split is None and len(names) == 1:
             split = names[0]
         if split not in loaded:
             wanted = "no split was named" if split is None else f"it has no split {split!r}"
-            raise DatasetError(f"{wanted}; its splits are {', '.join(names)}", file=source.spec)
+            raise DatasetError(
+                f"{wanted}; its splits are {', '.join(names)} (set source_split / eval_split)",
+                file=source.spec,
+                reason="missing_split",
+            )
         loaded = loaded[split]
-    elif split is not None and split != "train":
+    elif split is not None and split != "train" and source.kind == "directory":
         raise DatasetError(
-            f"split {split!r} given, but the dataset has a single split", file=source.spec
+            f"split {split!r} given, but the folder holds a single Dataset (no splits); save a "
+            "DatasetDict to pick splits, or name a separate eval_source",
+            file=source.spec,
+            reason="missing_split",
         )
-    for number, row in enumerate(loaded, start=1):
+    numbers: Iterator[int] = iter(range(1, len(loaded) + 1))
+    if source.kind == "jsonl":  # number rows by line, blank lines included, as _read_jsonl does
+        numbers = _jsonl_line_numbers(source.location)
+    for number, row in zip(numbers, loaded, strict=False):
         yield number, dict(row)
+
+
+def environment_is_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` says the hub is off limits."""
+    return any(
+        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in _OFFLINE_VARIABLES
+    )
+
+
+def _load(
+    datasets: Any,
+    source: DataSource,
+    subset: str | None,
+    revision: str | None,
+    cache: Any,
+    local_only: bool = True,
+):
+    """``load_from_disk`` / ``load_dataset`` (from local files only unless ``local_only`` is
+    False: a hub id in an online environment), with failures as :class:`DatasetError`."""
+    if source.kind == "directory":
+        try:
+            return datasets.load_from_disk(source.location)
+        except FileNotFoundError as error:
+            raise DatasetError(
+                f"not a datasets save_to_disk directory ({error}); expected {SUPPORTED}",
+                file=source.spec,
+            ) from None
+    config = datasets.DownloadConfig(local_files_only=local_only, cache_dir=cache)
+    try:
+        if source.kind == "hub":
+            return datasets.load_dataset(
+                source.location, subset, revision=revision, cache_dir=cache, download_config=config
+            )
+        builder = "json" if source.kind in ("jsonl", "json") else "parquet"
+        # One split named "train": the file is the whole dataset, the caller's split is ignored.
+        return datasets.load_dataset(
+            builder,
+            data_files={"train": source.location},
+            split="train",
+            cache_dir=cache,
+            download_config=config,
+        )
+    except (ConnectionError, OSError) as error:
+        if source.kind == "hub":
+            raise hub_error(source, type(error).__name__) from None
+        raise DatasetError(f"datasets could not read it ({error})", file=source.spec) from None
+    except Exception as error:  # DatasetGenerationError, ArrowInvalid, ... for a bad file
+        if source.kind == "hub":
+            raise hub_error(source, f"{type(error).__name__}: {error}") from None
+        cause = error.__cause__ or error
+        raise DatasetError(
+            f"datasets could not read it ({type(cause).__name__}: {cause}); reader: auto reads "
+            "it row by row and names the bad row",
+            file=source.spec,
+            reason="unreadable",
+        ) from None
+
+
+def _jsonl_line_numbers(path: str) -> Iterator[int]:
+    with open(path, "rb") as stream:
+        for number, line in enumerate(stream, start=1):
+            if line.strip():
+                yield number
 
 
 def _decode(raw: bytes, file: str, line: int | None, strip_bom: bool) -> str:
@@ -385,8 +532,7 @@ def require_text_fields(
         if column in row:
             found = _text_problem(row[column], max_chars)
         else:
-            present = ", ".join(sorted(map(str, row))[:20]) or "none"
-            found = (f"missing (the row's fields: {present})", "missing_field")
+            found = (_missing(row), "missing_field")
         if found is not None:
             problem, reason = found
             if field != column:
@@ -394,6 +540,32 @@ def require_text_fields(
             raise DatasetError(problem, file=file, row=row_number, field=column, reason=reason)
         values[field] = row[column]
     return values
+
+
+def require_fields(
+    row: dict[str, Any], columns: dict[str, str], *, file: str, row_number: int
+) -> dict[str, Any]:
+    """The values of ``columns`` (task field -> source column) in ``row``, of any type.
+
+    For structured fields (lists, objects) that the task itself checks; a missing column raises
+    a :class:`DatasetError` (``reason`` ``missing_field``) naming it and the row's fields.
+    """
+    values = {}
+    for field, column in columns.items():
+        if column not in row:
+            problem = _missing(row)
+            if field != column:
+                problem += f" (task field '{field}'; see `columns`)"
+            raise DatasetError(
+                problem, file=file, row=row_number, field=column, reason="missing_field"
+            )
+        values[field] = row[column]
+    return values
+
+
+def _missing(row: dict[str, Any]) -> str:
+    present = ", ".join(sorted(map(str, row))[:20]) or "none"
+    return f"missing (the row's fields: {present})"
 
 
 def _text_problem(value: Any, max_chars: int) -> tuple[str, str] | None:

@@ -39,7 +39,12 @@ from typing import Any
 from tqdm import tqdm
 
 from llmrl.config.loading import ConfigError
-from llmrl.config.prepare import SOURCE_TASK_FIELDS, PrepareConfig
+from llmrl.config.prepare import (
+    OPTIONAL_TASK_FIELDS,
+    SOURCE_TASK_FIELDS,
+    STRUCTURED_FIELDS,
+    PrepareConfig,
+)
 from llmrl.data.datasets import (
     DatasetError,
     DataSource,
@@ -47,6 +52,7 @@ from llmrl.data.datasets import (
     fingerprint,
     read_rows,
     require_datasets,
+    require_fields,
     require_text_fields,
     resolve_source,
     sha256_file,
@@ -68,6 +74,17 @@ _TASKS = {
     "countdown": ("llmrl.envs.tasks.countdown", "CountdownTask"),
     "ifeval": ("llmrl.envs.tasks.ifeval", "IFEvalTask"),
     "gsm8k": ("llmrl.envs.tasks.gsm8k", "problem_from_row"),
+    "math": ("llmrl.envs.tasks.math", "problem_from_row"),
+}
+# generated tasks that also read a source: their row -> Problem function
+_ROW_FUNCTIONS = {"ifeval": "problem_from_row"}
+DATASETS_CACHE = ".datasets-cache"
+"""Folder under ``output_dir`` for the ``datasets`` Arrow cache when ``cache_dir`` is not set."""
+# cache_dir does not change the rows; reader "auto" (the default) is left out so that the digests
+# of datasets prepared before the option existed do not change.
+_NOT_IN_DIGEST = {
+    "auto": {"output_dir", "cache_dir", "reader"},
+    "datasets": {"output_dir", "cache_dir"},
 }
 
 
@@ -121,7 +138,7 @@ def prepare_dataset(config: PrepareConfig, progress: bool = True) -> PreparedDat
     code_sha = _code_sha256(module)
     identity = {
         "format_version": FORMAT_VERSION,
-        "config": config.model_dump(mode="json", exclude={"output_dir"}),
+        "config": config.model_dump(mode="json", exclude=_NOT_IN_DIGEST[config.reader]),
         "sources": {name: item.fingerprint for name, item in inputs.items()},
         "task_code": code_sha,
     }
@@ -205,7 +222,7 @@ def _resolve_inputs(config: PrepareConfig) -> dict[str, _Input]:
 def _input(config: PrepareConfig, spec: str, split: str | None, named: bool = True) -> _Input:
     """A source with its fingerprint; ``named=False``: ``split`` applies only if it has splits."""
     source = resolve_source(spec)
-    require_datasets(source)
+    require_datasets(source, config.reader)
     if source.kind == "hub":
         return _Input(source, split, None, fingerprint(source, config.subset, config.revision))
     if source.kind != "directory" and split is not None:
@@ -264,7 +281,7 @@ def _write_from_sources(
     writer: _SplitWriter,
     progress: bool,
 ) -> dict[str, Any]:
-    make_problem = getattr(module, _TASKS[config.task][1])
+    make_problem = getattr(module, _ROW_FUNCTIONS.get(config.task, _TASKS[config.task][1]))
     fields = SOURCE_TASK_FIELDS[config.task]
     copier = _RowCopier(config, make_problem, writer, progress)
     described: dict[str, Any] = {"source": None, "eval_source": None, "generated": None}
@@ -295,6 +312,23 @@ def _write_from_sources(
     return described | {"skipped": dict(sorted(skipped.items()))}
 
 
+def _present_fields(
+    row: dict[str, Any], columns: dict[str, str], *, file: str, row_number: int, max_chars: int
+) -> dict[str, Any]:
+    """The optional fields ``row`` has (absent or null ones left out), keyed by task field; the
+    task checks their values. A text longer than ``max_chars`` is a ``too_long`` error."""
+    present = {}
+    for name, column in columns.items():
+        value = row.get(column)
+        if value is None:
+            continue
+        if isinstance(value, str) and len(value) > max_chars:
+            problem = f"{len(value)} characters, over the limit of {max_chars} (max_row_chars)"
+            raise DatasetError(problem, file=file, row=row_number, field=column, reason="too_long")
+        present[name] = value
+    return present
+
+
 def _hash_fraction(seed: int, key: str) -> float:
     """A uniform number in [0, 1) from ``seed`` and a row's key text: its place in the split."""
     digest = hashlib.sha256(f"{seed}\0{key}".encode()).digest()
@@ -315,16 +349,28 @@ class _RowCopier:
         """Copy every row of ``item``; returns how many rows were read."""
         config, spec = self.config, item.source.spec
         columns = {name: config.columns.get(name, name) for name in SOURCE_TASK_FIELDS[config.task]}
+        optional = {
+            name: config.columns.get(name, name)
+            for name in OPTIONAL_TASK_FIELDS.get(config.task, ())
+        }
         logger.info("reading %s%s", spec, f" [{item.split}]" if item.split else "")
         # Whole rows (not just `columns`): a row missing a column is reported with the fields
         # it does have, so a misnamed column is easy to spot.
+        cache_dir = config.cache_dir
+        if cache_dir is None and item.source.kind != "hub":  # a hub id: the user's HF cache
+            cache_dir = Path(config.output_dir) / DATASETS_CACHE
         rows = read_rows(
             item.source,
             None,
             split=item.split,
             subset=config.subset,
             revision=config.revision,
+            reader=config.reader,
+            cache_dir=cache_dir,
         )
+        structured = STRUCTURED_FIELDS.get(config.task, ())
+        text_columns = {name: column for name, column in columns.items() if name not in structured}
+        value_columns = {name: column for name, column in columns.items() if name in structured}
         total = count_rows(item.source)
         if config.max_rows is not None:
             total = config.max_rows if total is None else min(total, config.max_rows)
@@ -344,10 +390,18 @@ class _RowCopier:
                 bar.update()
                 try:
                     values = require_text_fields(
-                        row, columns, file=spec, row_number=number, max_chars=config.max_row_chars
+                        row,
+                        text_columns,
+                        file=spec,
+                        row_number=number,
+                        max_chars=config.max_row_chars,
+                    )
+                    values |= require_fields(row, value_columns, file=spec, row_number=number)
+                    values |= _present_fields(
+                        row, optional, file=spec, row_number=number, max_chars=config.max_row_chars
                     )
                     split = assign(values)
-                    problem = self._problem(values, number, split, spec, columns)
+                    problem = self._problem(values, number, split, spec, columns | optional)
                 except DatasetError as error:
                     if config.on_invalid == "error":
                         raise

@@ -66,6 +66,20 @@ class ChatEnv:
         self.transforms.append(transform)
         return self
 
+    def close(self) -> None:
+        """Release what the transforms hold (e.g. stop MCP tool servers): calls ``close()`` on
+        every transform that has one. Idempotent."""
+        for transform in self.transforms:
+            close = getattr(transform, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> ChatEnv:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ reset
     def reset(self, td: TensorDictBase | None = None) -> TensorDictBase:
         """Start conversations for a batch ``[B]`` of prompts."""

@@ -3,7 +3,10 @@ MLflow metric names of those accuracies.
 
 A task names a problem's kind with an optional method ``kind(problem) -> str | None`` (the
 arithmetic task: the problem's operators, ``"+"`` or ``"+*"``); tasks without one, or problems it
-returns None for, have no kind and are left out of the per-kind table.
+returns None for, have no kind and are left out of the per-kind table. A task that groups its
+problems in several ways instead defines ``kinds(problem) -> list[str]`` (the math task:
+``["level:Level 3", "type:Algebra"]``), and each problem counts once in each of its kinds
+(:func:`problem_kinds`).
 
 MLflow metric names allow only alphanumerics, ``_``, ``-``, ``.``, `` ``, ``:`` and ``/``, so a
 kind made of operator symbols is spelled out: ``"+"`` -> ``accuracy_by_kind/add``, ``"+*"`` ->
@@ -15,12 +18,15 @@ Example:
 'accuracy': 0.5}}
     >>> kind_metric_name("+*")
     'accuracy_by_kind/add_mul'
+    >>> accuracy_by_kind([(["level:Level 1", "type:Algebra"], True), (["level:Level 1"], False)])
+    {'level:Level 1': {'correct': 1, 'total': 2, 'accuracy': 0.5}, 'type:Algebra': {'correct': 1, \
+'total': 1, 'accuracy': 1.0}}
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,13 +46,26 @@ def problem_kind(task: Any, problem: Problem) -> str | None:
     return kind(problem) if callable(kind) else None
 
 
-def accuracy_by_kind(results: Iterable[tuple[str | None, bool]]) -> dict[str, dict[str, Any]]:
+def problem_kinds(task: Any, problem: Problem) -> list[str]:
+    """All the kinds of ``problem``: ``task.kinds(problem)`` when the task defines it, else
+    ``[task.kind(problem)]``, else (no kind) an empty list."""
+    kinds = getattr(task, "kinds", None)
+    if callable(kinds):
+        return list(kinds(problem))
+    kind = problem_kind(task, problem)
+    return [] if kind is None else [kind]
+
+
+def accuracy_by_kind(
+    results: Iterable[tuple[str | Sequence[str] | None, bool]],
+) -> dict[str, dict[str, Any]]:
     """``{kind: {"correct": c, "total": n, "accuracy": c / n}}`` of ``(kind, correct)`` pairs,
-    sorted by kind; results without a kind are left out."""
+    sorted by kind; results without a kind are left out. A result's kind may also be a list of
+    kinds (:func:`problem_kinds`): it then counts once in each."""
     tally: dict[str, list[int]] = {}
     for kind, correct in results:
-        if kind is not None:
-            counts = tally.setdefault(kind, [0, 0])
+        for one in [] if kind is None else [kind] if isinstance(kind, str) else kind:
+            counts = tally.setdefault(one, [0, 0])
             counts[0] += bool(correct)
             counts[1] += 1
     table = sorted(tally.items())

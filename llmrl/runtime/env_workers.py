@@ -50,23 +50,43 @@ def tool_env_options(task: Task, tools: ToolSettings | None) -> dict[str, Any]:
     (before the task's reward), their instructions after the task's, and ``max_turns``; ``{}``
     when no tool is on.
 
-    A multi-turn episode: the model writes a ```python block, the interpreter's output is
+    A multi-turn episode: the model writes a ```python block (``tools.python``) or a
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (``tools.mcp``: the MCP servers
+    start here, in the env worker, and stop with the env or its process), the tool's output is
     appended as a ``tool`` message, and the model goes on, until a reply calls no tool (the
-    answer) or ``tools.max_turns`` replies were given.
+    answer) or ``tools.max_turns`` replies were given. Both tools may be on at once.
     """
     if tools is None or not tools.enabled:
         return {}
-    from llmrl.envs.sandbox import SandboxLimits
-    from llmrl.envs.transforms import PythonInterpreter
+    transforms: list[Any] = []
+    instructions = [task.instructions]
+    if tools.python.enabled:
+        from llmrl.envs.sandbox import SandboxLimits
+        from llmrl.envs.transforms import PythonInterpreter
 
-    python = tools.python
-    limits = SandboxLimits(
-        timeout_s=python.timeout_s,
-        memory_mb=python.memory_mb,
-        max_output_chars=python.max_output_chars,
-    )
+        python = tools.python
+        limits = SandboxLimits(
+            timeout_s=python.timeout_s,
+            memory_mb=python.memory_mb,
+            max_output_chars=python.max_output_chars,
+        )
+        transforms.append(PythonInterpreter(limits, max_blocks=python.max_blocks))
+        instructions.append(PythonInterpreter.instructions)
+    if tools.mcp.enabled:
+        from llmrl.envs.transforms import MCPServerSpec, MCPToolTransform
+
+        mcp = tools.mcp
+        transform = MCPToolTransform(
+            [MCPServerSpec(**server.model_dump()) for server in mcp.servers],
+            max_calls=mcp.max_calls,
+            max_output_chars=mcp.max_output_chars,
+            start_timeout_s=mcp.start_timeout_s,
+            max_restarts=mcp.max_restarts,
+        )
+        transforms.append(transform)
+        instructions.append(transform.instructions)
     return {
-        "system_prompt": f"{task.instructions}\n\n{PythonInterpreter.instructions}",
+        "system_prompt": "\n\n".join(instructions),
         "max_turns": tools.max_turns,
-        "transforms": [PythonInterpreter(limits, max_blocks=python.max_blocks)],
+        "transforms": transforms,
     }

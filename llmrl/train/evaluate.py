@@ -6,7 +6,9 @@ Problems are asked exactly as during training (the task's instructions as system
 ``summary.json`` (the :class:`EvalReport`).
 
 Each problem's *kind* is what its task calls it (:func:`~llmrl.eval.kinds.problem_kind`: the
-arithmetic task's operators, ``"+"`` or ``"+*"``; None for tasks without kinds); the report
+arithmetic task's operators, ``"+"`` or ``"+*"``; None for tasks without kinds; a task with
+several groupings gives each row a ``kinds`` list instead, the math task's
+``["level:Level 3", "type:Algebra"]``, :func:`~llmrl.eval.kinds.problem_kinds`); the report
 holds the greedy accuracy per kind, logged as ``accuracy_by_kind/<kind>`` metrics
 (:func:`~llmrl.eval.kinds.kind_metric_name`: ``accuracy_by_kind/add`` for ``"+"``), and which
 problem ids were answered correctly, so two evaluations on the same problems can be compared
@@ -32,7 +34,7 @@ from llmrl.data.non_tensor import as_list
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks.base import Problem, Task
-from llmrl.eval.kinds import accuracy_by_kind, kind_metrics, problem_kind
+from llmrl.eval.kinds import accuracy_by_kind, kind_metrics, problem_kind, problem_kinds
 from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
 from llmrl.train.stage import log_prepared_data, prepared_task, stage_tracker
@@ -149,6 +151,8 @@ def _summarise(
         correct, response = greedy[problem.id][0]
         row = {"id": problem.id, "prompt": problem.prompt, "answer": problem.answer}
         row.update(kind=problem_kind(task, problem), correct=correct, response=response)
+        if callable(getattr(task, "kinds", None)):  # several groupings (math: level and type)
+            row["kinds"] = problem_kinds(task, problem)
         if sampled:
             row["sampled_correct"] = sum(c for c, _ in sampled[problem.id])
         rows.append(row)
@@ -167,7 +171,7 @@ def _summarise(
         len(rows),
         seconds,
         str(results),
-        accuracy_by_kind=accuracy_by_kind((r["kind"], r["correct"]) for r in rows),
+        accuracy_by_kind=accuracy_by_kind((r.get("kinds", r["kind"]), r["correct"]) for r in rows),
         outcomes={r["id"]: r["correct"] for r in rows},
     )
     summary = {**report.__dict__, "pass_at": {str(k): v for k, v in pass_at.items()}}

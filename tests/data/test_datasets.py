@@ -165,7 +165,7 @@ def test_a_file_has_no_splits(tmp_path):
         list(read_rows(path, split="test"))
 
 
-@pytest.mark.skipif(HAS_DATASETS, reason="the datasets package is installed")
+@pytest.mark.usefixtures("without_datasets")
 def test_datasets_directory_without_the_package_says_how_to_install_it(tmp_path):
     with pytest.raises(MissingDatasetsError, match="pip install datasets"):
         list(read_rows(tmp_path))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -267,7 +266,7 @@ def test_bad_generate_options_name_the_setting(tmp_path):
     assert listing(tmp_path) == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets installed")
+@pytest.mark.usefixtures("without_datasets")
 def test_hub_source_without_datasets_fails_before_any_work(tmp_path):
     with pytest.raises(MissingDatasetsError, match="pip install datasets"):
         prepare_dataset(gsm8k_config(tmp_path, Path("openai/gsm8k")), progress=False)

@@ -4,13 +4,22 @@ the MLflow metric names, which MLflow itself must accept."""
 from __future__ import annotations
 
 import doctest
+import json
+from pathlib import Path
 
 import pytest
 
 import llmrl.eval.kinds as kinds_module
-from llmrl.envs.tasks import ArithmeticTask, GSM8KTask
+from llmrl.envs.tasks import ArithmeticTask, GSM8KTask, MathTask
 from llmrl.envs.tasks.base import Problem
-from llmrl.eval.kinds import accuracy_by_kind, kind_metric_name, kind_metrics, problem_kind
+from llmrl.envs.tasks.math import problem_from_row
+from llmrl.eval.kinds import (
+    accuracy_by_kind,
+    kind_metric_name,
+    kind_metrics,
+    problem_kind,
+    problem_kinds,
+)
 
 
 def test_accuracy_by_kind_by_hand() -> None:
@@ -64,6 +73,9 @@ def test_tasks_without_kinds_have_none() -> None:
         ("level 5", "accuracy_by_kind/level 5"),
         ("Counting & Probability", "accuracy_by_kind/Counting _ Probability"),
         ("a+b", "accuracy_by_kind/a_b"),
+        ("level:Level 3", "accuracy_by_kind/level:Level 3"),
+        ("type:Counting & Probability", "accuracy_by_kind/type:Counting _ Probability"),
+        ("level:Level ?", "accuracy_by_kind/level:Level _"),
     ],
 )
 def test_metric_names_spell_out_symbols_mlflow_refuses(kind: str, name: str) -> None:
@@ -87,6 +99,60 @@ def test_kind_metrics_and_name_collisions() -> None:
     assert kind_metrics(table) == {"accuracy_by_kind/mul": 0.0, "accuracy_by_kind/add": 0.5}
     with pytest.raises(ValueError, match="'a\\+b' and 'a\\*b' both become metric"):
         kind_metrics({"a+b": {"accuracy": 1.0}, "a*b": {"accuracy": 0.0}})
+
+
+def test_a_result_with_several_kinds_counts_in_each() -> None:
+    results = [(["level:1", "type:A"], True), (["level:1", "type:B"], False), ("type:A", False)]
+    results += [([], True), (None, True)]  # no kind: left out
+    assert accuracy_by_kind(results) == {
+        "level:1": {"correct": 1, "total": 2, "accuracy": 0.5},
+        "type:A": {"correct": 1, "total": 2, "accuracy": 0.5},
+        "type:B": {"correct": 0, "total": 1, "accuracy": 0.0},
+    }
+
+
+def _math_problems() -> list[Problem]:
+    rows = [
+        {"problem": "a", "answer": "1", "level": "Level 1", "type": "Algebra"},
+        {"problem": "b", "answer": "2", "level": "Level 3", "type": "Counting & Probability"},
+        {"problem": "c", "answer": "3", "level": "Level 3", "type": "Algebra"},
+        {"problem": "d", "answer": "4"},
+    ]
+    return [problem_from_row(row, i, "eval") for i, row in enumerate(rows)]
+
+
+def test_problem_kinds() -> None:
+    assert problem_kinds(ArithmeticTask(), _problem("*", "+")) == ["+*"]  # kind() as a list
+    assert problem_kinds(GSM8KTask(), _problem("+")) == []
+    assert problem_kinds(object(), _problem("+")) == []
+    first, _, _, last = _math_problems()
+    assert problem_kinds(MathTask(), first) == ["level:Level 1", "type:Algebra"]
+    assert problem_kinds(MathTask(), last) == []
+    assert problem_kind(MathTask(), first) is None  # a multi-kind task has no single kind
+
+
+def test_evaluation_tallies_every_kind_of_a_multi_kind_task(tmp_path: Path) -> None:
+    """The eval stage's summary (here without a model) has per-level and per-type accuracy."""
+    from llmrl.config.evaluate import EvalConfig
+    from llmrl.train.evaluate import _summarise
+
+    problems = _math_problems()
+    greedy = {p.id: [(i != 1, "\\boxed{0}")] for i, p in enumerate(problems)}
+    config = EvalConfig(data={"path": str(tmp_path)}, output_dir=str(tmp_path), label="m")
+    report = _summarise(config, MathTask(), problems, greedy, {}, 1.0)
+    assert report.accuracy_by_kind == {
+        "level:Level 1": {"correct": 1, "total": 1, "accuracy": 1.0},
+        "level:Level 3": {"correct": 1, "total": 2, "accuracy": 0.5},
+        "type:Algebra": {"correct": 2, "total": 2, "accuracy": 1.0},
+        "type:Counting & Probability": {"correct": 0, "total": 1, "accuracy": 0.0},
+    }
+    assert report.accuracy == 0.75  # the problem without kinds still counts overall
+    metrics = report.as_metrics()
+    assert metrics["accuracy_by_kind/level:Level 3"] == 0.5
+    assert metrics["accuracy_by_kind/type:Counting _ Probability"] == 0.0
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [row["kinds"] for row in rows] == [problem_kinds(MathTask(), p) for p in problems]
+    assert all(row["kind"] is None for row in rows)
 
 
 def test_the_examples_hold() -> None:

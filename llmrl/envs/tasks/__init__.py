@@ -12,12 +12,14 @@ from llmrl.envs.tasks.base import Problem, Score, Task
 from llmrl.envs.tasks.countdown import CountdownTask
 from llmrl.envs.tasks.gsm8k import GSM8KTask
 from llmrl.envs.tasks.ifeval import IFEvalTask
+from llmrl.envs.tasks.math import MathTask
 
 TASKS: dict[str, type] = {
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
     "gsm8k": GSM8KTask,
     "ifeval": IFEvalTask,
+    "math": MathTask,
 }
 
 
@@ -36,6 +38,7 @@ __all__ = [
     "CountdownTask",
     "GSM8KTask",
     "IFEvalTask",
+    "MathTask",
     "Problem",
     "Score",
     "Task",

@@ -1,0 +1,345 @@
+"""MCP tools on a chat env: real MCP servers (the SDK's ``MCPServer``, written into a temporary
+folder) started over stdio (and streamable HTTP) by :class:`MCPToolTransform`.
+
+A scripted policy calls the tools; every failure (unknown tool, malformed call, tool error,
+timeout, crash) gives the model an ``Error:`` tool message and the env keeps serving; closing
+the env stops the server processes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmrl.config.grpo import GRPOConfig
+from llmrl.envs import ChatEnv, PythonInterpreter, queries
+from llmrl.envs.tasks import ArithmeticTask
+from llmrl.envs.transforms import MCPServerSpec, MCPToolError, MCPToolTransform
+from llmrl.envs.transforms.mcp_tools import parse_tool_calls
+from llmrl.runtime.env_workers import TaskEnvFactory
+from tests.envs.conftest import ScriptedPolicy
+from tests.train.conftest import stage_config
+
+SERVER = '''
+"""A small MCP server for tests: argv[1] is a file it writes its pid to; `--http PORT` serves
+streamable HTTP on 127.0.0.1 instead of stdio."""
+import os
+import sys
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+server = MCPServer("calc", log_level="ERROR")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep for `seconds`, then say so."""
+    await anyio.sleep(seconds)
+    return "slept"
+
+
+@server.tool()
+def fail() -> str:
+    """Always fails."""
+    raise ToolError("no luck today")
+
+
+@server.tool()
+def crash() -> str:
+    """Kills the server."""
+    os._exit(3)
+
+
+if "--http" in sys.argv:
+    port = int(sys.argv[sys.argv.index("--http") + 1])
+    server.run("streamable-http", host="127.0.0.1", port=port)
+else:
+    server.run("stdio")
+'''
+
+ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def server_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("mcp") / "calc_server.py"
+    path.write_text(SERVER)
+    return path
+
+
+def spec(script: Path, pid_file: Path, name: str = "calc", **options) -> MCPServerSpec:
+    return MCPServerSpec(name, sys.executable, [str(script), str(pid_file)], **options)
+
+
+def pid_in(path: Path) -> int:
+    return int(path.read_text())
+
+
+def gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` is gone (exited and reaped), waiting up to ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def calc(server_script: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One server for the module's tests that neither crash nor close it."""
+    pid_file = tmp_path_factory.mktemp("calc") / "pid"
+    tool = MCPToolTransform(
+        [spec(server_script, pid_file, timeout_s=1.5)], stderr=subprocess.DEVNULL
+    )
+    yield tool
+    tool.close()
+    assert gone(pid_in(pid_file))
+
+
+def test_tools_are_listed_in_the_system_prompt(calc):
+    assert set(calc.tools) == {"add", "sleep", "fail", "crash"}
+    env = ChatEnv(system_prompt="Be brief.", max_turns=3, transforms=[calc])
+    state = env.reset(queries(["What is 2 + 3?"]))
+    system = state["history"].prompt.to_chats()[0][0]
+    assert system["role"] == "system" and system["content"].startswith("Be brief.\n\n")
+    assert '<tool_call>{"name": "<tool name>"' in system["content"]
+    assert '"name": "add", "description": "Add two integers."' in system["content"]
+    assert '"required": ["a", "b"]' in system["content"], "the input schema"
+    # a system prompt that already holds the instructions is left alone; none: one is added
+    again = ChatEnv(system_prompt=f"Go.\n\n{calc.instructions}", transforms=[calc])
+    assert (
+        again.reset(queries(["x"]))["history"].prompt.to_chats()[0][0]["content"].count("<tools>")
+        == 1
+    )
+    bare = ChatEnv(transforms=[calc]).reset(queries(["x"]))["history"].prompt.to_chats()[0]
+    assert [m["role"] for m in bare] == ["system", "user"]
+
+
+def test_multi_turn_episode_calls_add_then_answers(calc):
+    env = ChatEnv(system_prompt="Be brief.", max_turns=3, transforms=[calc])
+    state = env.reset(queries(["What is 2 + 3?", "Say hi"]))
+    first = env.step(ScriptedPolicy([f"Let me add.\n{ADD}", "hi"])(state))
+    assert first["tool_called"].tolist() == [True, False]
+    assert first["done"].tolist() == [False, True]
+    chat = first["next", "history"].prompt.to_chats()[0]
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool"]
+    assert chat[-1]["content"] == "5", "the tool's result"
+    second = env.step(ScriptedPolicy(["The answer is 5."])(first["next"][:1]))
+    assert second["terminated"].tolist() == [True]
+    assert second["tool_called"].tolist() == [False]
+    final = second["next", "history"].prompt.to_chats()[0]
+    assert [m["role"] for m in final][-3:] == ["assistant", "tool", "assistant"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ('<tool_call>{"name": "divide", "arguments": {}}</tool_call>', "unknown tool 'divide'"),
+        ('<tool_call>{"name": add, "arguments": {}}</tool_call>', "malformed tool call: invalid"),
+        ('<tool_call>["add", 2, 3]</tool_call>', "malformed tool call: expected a JSON object"),
+        ('<tool_call>{"arguments": {"a": 1}}</tool_call>', "malformed tool call: the object has"),
+        ('<tool_call>{"name": "add", "arguments": [2]}</tool_call>', 'malformed tool call: "arg'),
+        ('<tool_call>{"name": "fail"}</tool_call>', "no luck today"),
+        ('<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>', "tool 'add' failed"),
+        ('<tool_call>{"name": "sleep", "arguments": {"seconds": 60}}', "timed out after 1.5 s"),
+    ],
+)
+def test_a_failed_call_tells_the_model_and_the_env_keeps_serving(calc, reply, expected):
+    env = ChatEnv(max_turns=3, transforms=[calc])
+    state = env.reset(queries(["q", "q"]))
+    out = env.step(ScriptedPolicy([reply, ADD])(state))
+    assert out["tool_called"].tolist() == [True, True], "an error is an answer: another turn"
+    error, ok = (chat[-1] for chat in out["next", "history"].prompt.to_chats())
+    assert error["role"] == "tool" and error["content"].startswith("Error: ")
+    assert expected in error["content"]
+    if "malformed" in expected:
+        assert '<tool_call>{"name": "<tool name>"' in error["content"], "shows the format"
+    if "unknown" in expected:
+        assert "Available tools: add, sleep, fail, crash" in error["content"]
+    assert ok["content"] == "5", "the other row's call is answered"
+    assert calc.call_tool("add", {"a": 1, "b": 1}) == "2", "the server still serves"
+
+
+def test_several_calls_in_one_reply_and_the_limit(server_script, tmp_path):
+    assert parse_tool_calls("no call here") == []
+    assert (
+        parse_tool_calls(f"{ADD} and {ADD}") == [{"name": "add", "arguments": {"a": 2, "b": 3}}] * 2
+    )
+    assert parse_tool_calls('<tool_call>{"name": "fail"}') == [{"name": "fail", "arguments": {}}]
+    with MCPToolTransform(
+        [spec(server_script, tmp_path / "pid")], max_calls=2, stderr=subprocess.DEVNULL
+    ) as tool:
+        two = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+        assert tool.run_reply(f"{ADD}\n{two}") == "5\n\n2"
+        assert (
+            tool.run_reply(ADD * 3) == "5\n\n5\n\n[1 more tool calls not run: at most 2 per reply]"
+        )
+        assert tool.run_reply("no tool") is None
+    assert gone(pid_in(tmp_path / "pid"))
+
+
+def test_a_crashed_server_is_restarted_on_the_next_call_then_unavailable(server_script, tmp_path):
+    pid_file = tmp_path / "pid"
+    tool = MCPToolTransform(
+        [spec(server_script, pid_file)], max_restarts=1, stderr=subprocess.DEVNULL
+    )
+    env = ChatEnv(max_turns=3, transforms=[tool])
+    try:
+        first_pid = pid_in(pid_file)
+        state = env.reset(queries(["q"]))
+        out = env.step(ScriptedPolicy(['<tool_call>{"name": "crash"}</tool_call>'])(state))
+        message = out["next", "history"].prompt.to_chats()[0][-1]["content"]
+        assert message.startswith("Error: MCP server 'calc' crashed")
+        assert "restarted on the next call" in message
+        assert gone(first_pid), "the crashed server is reaped"
+        # the next call restarts it: a new process answers
+        out = env.step(ScriptedPolicy([ADD])(out["next"]))
+        assert out["next", "history"].prompt.to_chats()[0][-1]["content"] == "5"
+        second_pid = pid_in(pid_file)
+        assert second_pid != first_pid
+        # a second crash: max_restarts=1 is used up, its tools are reported unavailable
+        assert "not restarted again" in tool.call_tool("crash")
+        assert gone(second_pid)
+        unavailable = tool.call_tool("add", {"a": 1, "b": 2})
+        assert unavailable.startswith("Error: MCP server 'calc' is unavailable")
+        assert "unknown tool" in tool.call_tool("nope"), "the transform itself keeps serving"
+    finally:
+        env.close()
+
+
+def test_closing_the_env_stops_the_server_process(server_script, tmp_path):
+    pid_file = tmp_path / "pid"
+    tool = MCPToolTransform([spec(server_script, pid_file)], stderr=subprocess.DEVNULL)
+    env = ChatEnv(max_turns=2, transforms=[tool])
+    pid = pid_in(pid_file)
+    assert tool.call_tool("add", {"a": 1, "b": 1}) == "2"
+    os.kill(pid, 0)  # alive
+    env.close()
+    assert tool.closed and gone(pid, within_s=0.5), "stopped by close(), not later"
+    assert not tool._runtime.thread.is_alive(), "the event loop thread ends"
+    env.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        env.step(ScriptedPolicy([ADD])(env.reset(queries(["q"]))))
+
+
+def test_tool_name_clash_across_servers_is_refused_at_start(server_script, tmp_path):
+    servers = [
+        spec(server_script, tmp_path / "a", "one"),
+        spec(server_script, tmp_path / "b", "two"),
+    ]
+    with pytest.raises(MCPToolError, match=r"'add' is a tool of servers 'one' and 'two'"):
+        MCPToolTransform(servers, stderr=subprocess.DEVNULL)
+    assert gone(pid_in(tmp_path / "a")) and gone(pid_in(tmp_path / "b")), "both stopped"
+
+
+def test_a_server_that_does_not_start_is_reported(tmp_path):
+    exits = MCPServerSpec("broken", sys.executable, ["-c", "raise SystemExit(1)"])
+    with pytest.raises(MCPToolError, match="MCP server 'broken' failed to start"):
+        MCPToolTransform([exits], start_timeout_s=10, stderr=subprocess.DEVNULL)
+    mute = MCPServerSpec("mute", sys.executable, ["-c", "import sys; sys.stdin.read()"])
+    with pytest.raises(MCPToolError, match=r"MCP server 'mute' did not start within 0\.5 s"):
+        MCPToolTransform([mute], start_timeout_s=0.5, stderr=subprocess.DEVNULL)
+    with pytest.raises(ValueError, match="exactly one of them"):
+        MCPServerSpec("both", command="x", url="http://h")
+
+
+def test_a_streamable_http_server(server_script, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, str(server_script), str(tmp_path / "pid"), "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # until it listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "server up"
+                time.sleep(0.05)
+        remote = MCPServerSpec("remote", url=f"http://127.0.0.1:{port}/mcp", timeout_s=5)
+        with MCPToolTransform([remote]) as tool:
+            assert "add" in tool.tools
+            assert tool.run_reply(ADD) == "5"
+            assert "no luck today" in tool.call_tool("fail")
+    finally:
+        process.kill()
+        process.wait()
+
+
+# ---------------------------------------------------------------- the GRPO env workers' env
+TASK = ArithmeticTask()
+ROWS = TASK.generate(8, seed=0)
+
+
+def _worker_env(*overrides: str):
+    config = stage_config(GRPOConfig, "data.path=prepared", *overrides)
+    factory = TaskEnvFactory(TASK, ROWS, 2, 1, 2, seed=0, tools=config.tools)
+    return pickle.loads(pickle.dumps(factory))(0)  # as shipped to an env worker actor
+
+
+def test_env_worker_env_with_mcp_and_python_tools(server_script, tmp_path):
+    server = (
+        f"tools.mcp.servers=[{{name: calc, command: {sys.executable}, "
+        f"args: [{server_script}, {tmp_path / 'pid'}], timeout_s: 5}}]"
+    )
+    env = _worker_env(
+        "tools.mcp.enabled=true", server, "tools.python.enabled=true", "tools.max_turns=3"
+    )
+    try:
+        [tool] = [t for t in env.transforms if isinstance(t, MCPToolTransform)]
+        assert [t for t in env.transforms if isinstance(t, PythonInterpreter)]
+        assert type(env.transforms[-1]).__name__ == "TaskReward", "tools before the reward"
+        assert env.max_turns == 3
+        assert env.system_prompt == (
+            f"{TASK.instructions}\n\n{PythonInterpreter.instructions}\n\n{tool.instructions}"
+        )
+        state = env.reset()
+        system = state["history"].prompt.to_chats()[0][0]["content"]
+        assert system == env.system_prompt, "the tool list is not added twice"
+        answer = state["answer"].tolist()[0]
+        call = f'<tool_call>{{"name": "add", "arguments": {{"a": {answer}, "b": 0}}}}</tool_call>'
+        both = f"```python\nprint(7)\n```\n{ADD}"  # each tool answers its own call
+        first = env.step(ScriptedPolicy([call, both])(state))
+        assert first["tool_called"].tolist() == [True, True]
+        chats = first["next", "history"].prompt.to_chats()
+        assert (chats[0][-1]["role"], chats[0][-1]["content"]) == ("tool", answer)
+        assert [m["role"] for m in chats[1][-3:]] == ["assistant", "tool", "tool"]
+        assert [m["content"] for m in chats[1][-2:]] == ["7", "5"], "python's, then MCP's"
+        second = env.step(ScriptedPolicy([f"#### {answer}", "#### 0"])(first["next"]))
+        assert second["terminated"].tolist() == [True, True]
+        assert second["reward"].tolist()[0] == 1.0
+    finally:
+        env.close()
+    assert gone(pid_in(tmp_path / "pid"))
+
+
+def test_mcp_tools_off_by_default():
+    env = _worker_env()
+    assert not [t for t in env.transforms if isinstance(t, MCPToolTransform)]
+    assert env.max_turns == 1
