@@ -217,11 +217,13 @@ def test_shipped_prepare_configs_load_and_their_dump_reloads(tmp_path, name):
 
 
 def test_shipped_prepare_config_is_the_default_with_the_pipelines_mix():
-    # `make run` trains additions and subtractions (docs/learning.md); everything else is the
-    # default of `llmrl prepare` without --config
+    # `make run` trains additions and subtractions and evaluates on 400 problems
+    # (docs/learning.md); everything else is the default of `llmrl prepare` without --config
     shipped = load_config(PrepareConfig, REPO / "configs" / "prepare.yaml")
     assert shipped.generate.options == {"operators": "+-"}
-    assert load_config(PrepareConfig, None, ['generate.options={operators: "+-"}']) == shipped
+    assert shipped.generate.eval_size == 400
+    overrides = ['generate.options={operators: "+-"}', "generate.eval_size=400"]
+    assert load_config(PrepareConfig, None, overrides) == shipped
 
 
 def test_prepare_config_cross_field_problems_name_the_fields(tmp_path):
