@@ -119,14 +119,7 @@ def main() -> None:
             )
             for c in contenders
         },
-        extra={
-            "model": args.model,
-            "prompts": args.prompts,
-            "samples": args.samples,
-            "new_tokens": args.new_tokens,
-            "lr": args.lr,
-            "reps": args.reps,
-        },
+        args=args,
     )
 
 

@@ -281,16 +281,25 @@ def _git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` as JSON can hold it (paths and other objects as strings)."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
 def save_results(
     name: str,
     figures: Sequence[dict[str, Any]],
     contenders: Mapping[str, dict[str, Any]],
     extra: dict[str, Any] | None = None,
     results_dir: Path | None = None,
+    args: Any = None,
 ) -> Path:
     """Write ``results/<name>.json``: the benchmark, when, the command line, the machine, each
-    contender's entry (``summarize``) and the ``figures`` (``figure``), plus ``extra`` (the
-    workload's settings). Overwrites the previous file of that benchmark; returns its path."""
+    contender's entry (``summarize``) and the ``figures`` (``figure``), plus ``extra``: the
+    script's parsed ``args`` (the workload's settings) and any further facts it passes.
+    Overwrites the previous file of that benchmark; returns its path."""
+    if args is not None:
+        extra = {**{k: _json_safe(v) for k, v in vars(args).items()}, **(extra or {})}
     directory = RESULTS_DIR if results_dir is None else Path(results_dir)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {

@@ -105,16 +105,8 @@ def main() -> None:
             )
         ],
         summaries,
-        extra={
-            "model": str(start),
-            "sft_accuracy": start_accuracy,
-            "prompts": args.prompts,
-            "samples": args.samples,
-            "new_tokens": args.new_tokens,
-            "lr": args.lr,
-            "budget_minutes": args.budget_minutes,
-            "eval_rows": args.eval_rows,
-        },
+        extra={"model": str(start), "sft_accuracy": start_accuracy},
+        args=args,
     )
 
 

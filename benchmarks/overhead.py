@@ -127,14 +127,7 @@ def main() -> None:
                 step_over_plain=ratio,
             )
         },
-        extra={
-            "model": args.model,
-            "prompts": args.prompts,
-            "samples": args.samples,
-            "new_tokens": args.new_tokens,
-            "lr": args.lr,
-            "reps": args.reps,
-        },
+        args=args,
     )
 
 

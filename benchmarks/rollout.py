@@ -139,14 +139,8 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
             )
             for c in contenders
         },
-        extra={
-            "model": args.model,
-            "batch": args.batch,
-            "samples": args.samples,
-            "new_tokens": args.new_tokens,
-            "reps": args.reps,
-            "same_tokens_llmrl_raw_hf": bool(same),
-        },
+        extra={"same_tokens_llmrl_raw_hf": bool(same)},
+        args=args,
     )
 
 

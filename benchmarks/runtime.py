@@ -203,19 +203,8 @@ def main() -> None:
             )
             for c in contenders
         },
-        extra={
-            "model": args.model,
-            "prompts": args.prompts,
-            "samples": args.samples,
-            "new_tokens": args.new_tokens,
-            "lr": args.lr,
-            "reps": args.reps,
-            "steps_per_rep": steps,
-            "threads": args.threads,
-            "async_threads": args.async_threads,
-            "max_staleness": args.max_staleness,
-            "async_staleness": staleness,
-        },
+        extra={"steps_per_rep": steps, "async_staleness": staleness},
+        args=args,
     )
 
 

@@ -101,9 +101,8 @@ def main() -> None:
             }
             for kind in seconds
         },
+        args=args,
         extra={
-            "model": args.model,
-            "reps": args.reps,
             "ray": ray.__version__,
             "driver_peak_rss_mb": peak_rss_mb(),
         },

@@ -344,3 +344,16 @@ def test_committed_results_files_render() -> None:
             assert keys <= set(item), result["benchmark"]
     block = report.render(results)
     assert block.count("\n| `") == sum(len(r["figures"]) for r in results)
+
+
+def test_save_results_records_the_scripts_arguments(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(model=Path("models/m"), reps=2, lr=5e-6)
+    path = save_results("rollout", [], {}, {"same_tokens": True}, results_dir=tmp_path, args=args)
+    assert json.loads(path.read_text())["extra"] == {
+        "model": "models/m",  # a path, as a string
+        "reps": 2,
+        "lr": 5e-6,
+        "same_tokens": True,
+    }
