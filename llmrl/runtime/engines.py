@@ -37,6 +37,9 @@ class TransformersEngine:
             engine), served together from every env worker.
         batching_timeout_s: how long the first request waits for the others.
         threads: torch CPU threads of the actor (None: leave torch's choice).
+        seed: seeds the actor's torch RNG once, before the model loads, so that a rerun with
+            the same config draws the same samples (None: unseeded). Every sampling call of
+            the actor draws from that one stream, so steps stay independent draws.
     """
 
     model: str
@@ -46,6 +49,7 @@ class TransformersEngine:
     batch_rows: int
     batching_timeout_s: float = 0.5
     threads: int | None = None
+    seed: int | None = None
 
     def __call__(self) -> Any:
         from llmrl.models import load_model, load_tokenizer
@@ -53,6 +57,8 @@ class TransformersEngine:
 
         if self.threads:
             torch.set_num_threads(self.threads)
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
         model = load_model(self.model, dtype=self.dtype, device=self.device)
         model.requires_grad_(False).eval()
         return TransformersWrapper(
@@ -108,16 +114,33 @@ def start_engines(
     batching_timeout_s: float,
     threads: int | None,
     runtime_env: dict[str, Any] | None,
+    seed: int | None = None,
 ) -> EngineSet:
     """The engines of ``topology``: factories for the inference actors and, with vLLM, the
-    ``VLLMEngine`` actors themselves, started on the engines' bundles."""
+    ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine ``i`` samples
+    with seed ``seed + i`` (None: unseeded)."""
     inference = topology.inference
+
+    def engine_seed(index: int) -> int | None:
+        return None if seed is None else seed + index
+
     if inference.backend == "transformers":
         device = "cuda" if inference.engine_gpus else "cpu"
-        factory = TransformersEngine(
-            model, dtype, device, generate_kwargs, batch_rows, batching_timeout_s, threads
+        return EngineSet(
+            [
+                TransformersEngine(
+                    model,
+                    dtype,
+                    device,
+                    generate_kwargs,
+                    batch_rows,
+                    batching_timeout_s,
+                    threads,
+                    engine_seed(index),
+                )
+                for index in range(inference.engines)
+            ]
         )
-        return EngineSet([factory] * inference.engines)
     import ray
 
     from llmrl.policies.vllm_engine import VLLMEngine
@@ -141,6 +164,7 @@ def start_engines(
                 tensor_parallel_size=tp,
                 gpu_memory_utilization=inference.gpu_memory_utilization,
                 dtype=dtype,
+                seed=engine_seed(index) or 0,
             )
         )
     factories = [

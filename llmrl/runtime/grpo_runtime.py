@@ -156,6 +156,7 @@ class GRPORuntime:
             batching_timeout_s=settings.batching_timeout_s,
             threads=settings.torch_threads,
             runtime_env=runtime_env,
+            seed=config.seed,
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
         env_factory = TaskEnvFactory(

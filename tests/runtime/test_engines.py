@@ -3,8 +3,11 @@ trainer's bundles, half of each (colocated); what a transformers engine builds."
 
 from __future__ import annotations
 
+import torch
+
 from llmrl.runtime.engines import TransformersEngine, inference_actor_options, start_engines
 from llmrl.topology import Placement, Topology
+from tests.policies.conftest import history_batch
 
 
 class _Role:
@@ -84,3 +87,39 @@ def test_a_transformers_engine_serves_the_step_rows_in_one_call(tiny_model_dir):
     policy = TransformersEngine(str(tiny_model_dir), "float32", "cpu", {"max_new_tokens": 4}, 8)()
     assert policy.batching["min_batch_size"] == 8 and policy.batching["max_batch_size"] == 8
     assert not any(p.requires_grad for p in policy.model.parameters())
+
+
+def test_each_engine_samples_from_its_own_seed():
+    topology = Topology.model_validate({"inference": {"backend": "transformers", "engines": 3}})
+    engines = start_engines(
+        topology,
+        _placement(topology, ["engine0", "engine1", "engine2"]),
+        model="tiny",
+        dtype="float32",
+        generate_kwargs={},
+        batch_rows=4,
+        batching_timeout_s=0.25,
+        threads=None,
+        runtime_env=None,
+        seed=7,
+    )
+    assert [factory.seed for factory in engines.factories] == [7, 8, 9]
+
+
+def _two_steps(tiny_model_dir, seed: int | None) -> list[list[int]]:
+    """The tokens a freshly built engine samples in two calls (two GRPO steps)."""
+    kwargs = {"max_new_tokens": 6, "do_sample": True, "temperature": 1.0}
+    policy = TransformersEngine(str(tiny_model_dir), "float32", "cpu", kwargs, 3, seed=seed)()
+    return [
+        [t for row in policy(history_batch())["tokens"].as_list("response") for t in row.tolist()]
+        for _ in range(2)
+    ]
+
+
+def test_a_seeded_engine_draws_the_same_samples_when_rebuilt(tiny_model_dir):
+    torch.manual_seed(123)  # what the caller's process did before does not matter
+    first = _two_steps(tiny_model_dir, seed=5)
+    torch.manual_seed(456)
+    assert _two_steps(tiny_model_dir, seed=5) == first
+    assert first[0] != first[1]  # one stream: the second step is a new draw, not a replay
+    assert _two_steps(tiny_model_dir, seed=6) != first
