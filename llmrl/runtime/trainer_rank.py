@@ -72,8 +72,10 @@ class TrainerRank:
         from llmrl.models import load_model, load_tokenizer
         from llmrl.train.grpo_trainer import GRPOTrainer
         from llmrl.train.lora import apply_lora
+        from llmrl.train.stage import seed_everything
 
         config = self.config
+        seed_everything(config.seed)  # every rank alike: the same LoRA init, the same draws
         distributed.init_group(
             self.rank, self.world_size, address, port, config.runtime.collective_timeout_s
         )
