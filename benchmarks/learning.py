@@ -5,7 +5,9 @@ Both start from the same SFT checkpoint (made by ``llmrl sft`` with ``configs/sf
 settings for the same wall-time budget, one after the other (never at the same time), and save
 their model at 60% and 100% of the budget. llmrl's evaluator then scores every saved model and
 the starting checkpoint on the same held-out problems (greedy). Target: llmrl at 60% of the
-budget is at least as accurate as TRL at 100%.
+budget is at least as accurate as TRL at 100%. The curves (each step's batch reward, and the
+held-out accuracy at every saved fraction, against wall time) go to
+``results/learning.png`` and ``results/learning.json``.
 
     python benchmarks/learning.py --budget-minutes 20
 """
@@ -22,7 +24,10 @@ from harness import WORK_DIR, Contender, figure, measure, print_table, save_resu
 from peers import peers_python
 from workload import grpo_arguments, grpo_options
 
-MARKS = (0.6, 1.0)
+from llmrl.eval.paired import paired_gain
+
+MARKS = (0.2, 0.4, 0.6, 0.8, 1.0)
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -47,7 +52,7 @@ def main() -> None:
         "out_dir": str(out_dir),
         "gradient_checkpointing": True,
     }
-    saved, summaries = {}, {}
+    saved, summaries, curves = {}, {}, {}
     for name, python, script in (
         ("llmrl", sys.executable, "llmrl_side.py"),
         ("TRL", peers_python(), "trl_side.py"),
@@ -56,20 +61,25 @@ def main() -> None:
         with Contender(name, python, script, options) as worker:
             result = worker.run(seed=0)
         saved[name] = result["saved"]
+        curves[name] = result["curve"]
         summaries[name] = summarize(worker, [result])
 
-    start_accuracy = accuracy(start, data, args.eval_rows)
-    rows = [["SFT start", "0", "0", f"{start_accuracy:.3f}"]]
+    start_outcomes = outcomes(start, data, args.eval_rows)
+    start_accuracy = sum(start_outcomes.values()) / len(start_outcomes)
+    rows = [["SFT start", "0", "0", f"{start_accuracy:.3f}", ""]]
+    answered = {}
     for name, marks in saved.items():
         for key, where in marks.items():
-            acc = accuracy(Path(where["path"]), data, args.eval_rows)
-            where["accuracy"] = acc
+            answered[name, key] = outcomes(Path(where["path"]), data, args.eval_rows)
+            gain = paired_gain(start_outcomes, answered[name, key])
+            where.update(accuracy=gain.accuracy_after, gain_over_sft=gain.as_dict())
             rows.append(
                 [
                     f"{name} @ {key} budget",
                     str(where["step"]),
                     f"{where['seconds']:.0f}",
-                    f"{acc:.3f}",
+                    f"{gain.accuracy_after:.3f}",
+                    f"{gain.gain:+.3f} [{gain.ci_low:+.3f}, {gain.ci_high:+.3f}]",
                 ]
             )
     print(
@@ -77,13 +87,18 @@ def main() -> None:
         f"<= {args.new_tokens} tokens, lr {args.lr}, budget {args.budget_minutes:g} min, "
         f"held-out accuracy on {args.eval_rows} problems (greedy)"
     )
-    print_table(rows, ["model", "steps", "seconds", "accuracy"])
+    print_table(rows, ["model", "steps", "seconds", "accuracy", "gain over SFT [95% CI]"])
     llmrl_early, trl_full = saved["llmrl"]["0.6"]["accuracy"], saved["TRL"]["1"]["accuracy"]
+    versus = paired_gain(answered["TRL", "1"], answered["llmrl", "0.6"])
     met = "meets" if llmrl_early >= trl_full else "MISSES"
     print(
-        f"\nllmrl at 0.6x the time: {llmrl_early:.3f} vs TRL at 1x: {trl_full:.3f}  "
+        f"\nllmrl at 0.6x the time: {llmrl_early:.3f} vs TRL at 1x: {trl_full:.3f} "
+        f"(paired {versus.gain:+.3f} [{versus.ci_low:+.3f}, {versus.ci_high:+.3f}])  "
         f"{met} target (llmrl reaches TRL's accuracy in <= 0.6x the time)"
     )
+
+    picture = plot_curves(curves, saved, start_accuracy, args)
+    print(f"curves: {picture}")
 
     # the target as a figure: llmrl's accuracy at 0.6x the time minus TRL's at 1x, >= 0
     for name, marks in saved.items():
@@ -101,12 +116,61 @@ def main() -> None:
                 peer=("TRL", measure(trl_full, "accuracy", f"{trl_full:.3f} at 1x")),
                 ratio_text=f"{llmrl_early - trl_full:+.3f}",
                 target_text="llmrl reaches TRL's accuracy in <= 0.6x the time",
-                note="one seed",
+                note=f"one seed; paired 95% interval [{versus.ci_low:+.3f}, {versus.ci_high:+.3f}]",
             )
         ],
         summaries,
-        extra={"model": str(start), "sft_accuracy": start_accuracy},
+        extra={"model": str(start), "sft_accuracy": start_accuracy, "curves": curves},
         args=args,
+    )
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+        for i in range(len(values))
+    ]
+
+
+def plot_curves(
+    curves: dict[str, list[list[float]]],
+    saved: dict[str, dict[str, dict]],
+    start_accuracy: float,
+    args: argparse.Namespace,
+) -> Path:
+    """Two panels against wall-clock minutes: each side's batch reward (a 5-step moving
+    average) and its held-out accuracy at the saved fractions (from the SFT start)."""
+    from llmrl.tracking.plots import Panel, render_panels
+
+    rewards = {
+        name: list(
+            zip(
+                [t / 60 for t, _, _ in curve],
+                moving_average([r for _, _, r in curve], 5),
+                strict=True,
+            )
+        )
+        for name, curve in curves.items()
+    }
+    accuracy = {
+        name: [(0.0, start_accuracy)]
+        + [(where["seconds"] / 60, where["accuracy"]) for where in marks.values()]
+        for name, marks in saved.items()
+    }
+    title = f"{args.prompts} prompts x G={args.samples}, lr {args.lr}"
+    return render_panels(
+        [
+            Panel(f"batch reward (5-step mean), {title}", rewards, "minutes", "reward"),
+            Panel(
+                f"held-out accuracy ({args.eval_rows} problems, greedy)",
+                accuracy,
+                "minutes",
+                "accuracy",
+            ),
+        ],
+        RESULTS_DIR / "learning.png",
+        width=6.0,
     )
 
 
@@ -141,8 +205,9 @@ def sft_checkpoint(model: Path, data: Path) -> Path:
     return final
 
 
-def accuracy(model: Path, data: Path, rows: int) -> float:
-    """Greedy held-out accuracy by llmrl's evaluator (the same code for every model)."""
+def outcomes(model: Path, data: Path, rows: int) -> dict[str, bool]:
+    """Per held-out problem id, whether ``model`` answered it right (greedy), by llmrl's
+    evaluator: the same code and the same problems for every model."""
     from llmrl.config.evaluate import EvalConfig
     from llmrl.train.evaluate import evaluate
 
@@ -156,7 +221,7 @@ def accuracy(model: Path, data: Path, rows: int) -> float:
             "progress": False,
         }
     )
-    return evaluate(config).accuracy
+    return evaluate(config).outcomes
 
 
 if __name__ == "__main__":

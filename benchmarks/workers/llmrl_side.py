@@ -266,7 +266,8 @@ class ModelTime:
 
 def _learning(options: dict[str, Any]):
     """In-process GRPO steps until ``budget_seconds`` have passed since the first, saving the
-    model when each fraction in ``marks`` of the budget is reached."""
+    model when each fraction in ``marks`` of the budget is reached; ``curve`` holds each step's
+    end time and batch reward."""
     from pathlib import Path
 
     from inprocess import InProcessGRPO
@@ -276,11 +277,13 @@ def _learning(options: dict[str, Any]):
 
     def run(seed: int) -> dict[str, Any]:
         saved: dict[str, Any] = {}
-        started, step = time.perf_counter(), 0
-        while time.perf_counter() - started < budget:
+        curve: list[tuple[float, int, float]] = []  # (seconds, step, batch reward mean)
+        started, step, elapsed = time.perf_counter(), 0, 0.0
+        while elapsed < budget:
             step += 1
-            grpo.step(step)
+            _, metrics = grpo.step(step)
             elapsed = time.perf_counter() - started
+            curve.append((elapsed, step, float(metrics["reward_mean"])))
             for mark in marks:
                 key = f"{mark:g}"
                 if key not in saved and elapsed >= mark * budget:
@@ -288,7 +291,7 @@ def _learning(options: dict[str, Any]):
                     grpo.model.save_pretrained(folder)
                     grpo.tokenizer.save_pretrained(folder)
                     saved[key] = {"path": str(folder), "step": step, "seconds": elapsed}
-        return {"saved": saved}
+        return {"saved": saved, "curve": curve}
 
     return run
 

@@ -60,8 +60,11 @@ class _Timers:
         return timed
 
 
-def build_trainer(options: dict[str, Any], callbacks: list) -> Any:
-    """TRL's ``GRPOTrainer`` over the workload's chats, rewarded by llmrl's task scorer."""
+def build_trainer(
+    options: dict[str, Any], callbacks: list, rewards: list[float] | None = None
+) -> Any:
+    """TRL's ``GRPOTrainer`` over the workload's chats, rewarded by llmrl's task scorer; each
+    reward call's mean is appended to ``rewards`` when given."""
     import datasets
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -72,10 +75,13 @@ def build_trainer(options: dict[str, Any], callbacks: list) -> Any:
     scorer = task_scorer(options["task"], options["task_options"])
 
     def reward(completions: list, answer: list, **_: Any) -> list[float]:
-        return [
+        values = [
             scorer.score(c[0]["content"], a).reward
             for c, a in zip(completions, answer, strict=True)
         ]
+        if rewards is not None:
+            rewards.append(sum(values) / len(values))
+        return values
 
     rows = [
         {"prompt": c, "answer": a}
@@ -183,11 +189,14 @@ def _stepping(options: dict[str, Any]) -> Any:
 
 def _learning(options: dict[str, Any]) -> Any:
     """Train for ``budget_seconds`` of wall time (from the first step), saving the model when
-    each fraction in ``marks`` of the budget has passed."""
+    each fraction in ``marks`` of the budget has passed; ``curve`` holds each step's end time
+    and batch reward."""
     from transformers import TrainerCallback
 
     budget, marks = options["budget_seconds"], sorted(options["marks"])
     saved: dict[str, Any] = {}
+    rewards: list[float] = []
+    curve: list[tuple[float, int, float]] = []
 
     class Budget(TrainerCallback):
         def on_train_begin(self, args, train_state, control, **kwargs):
@@ -195,6 +204,7 @@ def _learning(options: dict[str, Any]) -> Any:
 
         def on_step_end(self, args, train_state, control, model=None, **kwargs):
             elapsed = time.perf_counter() - saved["started"]
+            curve.append((elapsed, train_state.global_step, rewards[-1]))
             for mark in marks:
                 key = f"{mark:g}"
                 if key not in saved and elapsed >= mark * budget:
@@ -208,11 +218,11 @@ def _learning(options: dict[str, Any]) -> Any:
                     }
             control.should_training_stop = elapsed >= budget
 
-    trainer = build_trainer(options, [Budget()])
+    trainer = build_trainer(options, [Budget()], rewards)
 
     def run(seed: int) -> dict[str, Any]:
         trainer.train()
-        return {"saved": {k: v for k, v in saved.items() if k != "started"}}
+        return {"saved": {k: v for k, v in saved.items() if k != "started"}, "curve": curve}
 
     return run
 

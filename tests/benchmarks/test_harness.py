@@ -92,3 +92,12 @@ def test_worker_that_dies_in_setup_is_reported(tmp_path: Path) -> None:
 )
 def test_verdict(ratio: float, target: float, higher: bool, expected: str) -> None:
     assert verdict(ratio, target, higher) == expected
+
+
+def test_the_learning_curve_is_a_trailing_moving_average():
+    from learning import moving_average
+
+    # each point: the mean of itself and the (window - 1) before it, fewer at the start
+    assert moving_average([1.0, 2.0, 3.0, 4.0, 8.0], 3) == [1.0, 1.5, 2.0, 3.0, 5.0]
+    assert moving_average([0.5], 5) == [0.5]
+    assert moving_average([], 5) == []
