@@ -14,7 +14,12 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 # `make test` runs everything, slow end-to-end tests included, except the learning check
 # (the whole `make run` pipeline with the real SmolLM2, about 16 minutes on 2 cores, asserting
 # that each training stage's gain has a 95% interval above 0): `make check-learning`.
-PYTEST_ARGS ?= -m "not learning"
+# TEST_WORKERS pytest-xdist processes share the modules, one whole module each at a time
+# (module fixtures are built once), longest first (tests/conftest.py orders them by their
+# `slow(seconds=...)` mark; --no-loadscope-reorder keeps that order). On 2 cores, 2 workers
+# take 0.78x the time of one: the suite is CPU-bound (process start-ups, imports).
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= -m "not learning" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: test check-learning run bench bench-learning lint format chart-schema clean-venv
 
@@ -61,8 +66,13 @@ run: $(VENV)/.installed-run
 		$(if $(SFT_STEPS),--steps-sft $(SFT_STEPS)) $(if $(GRPO_STEPS),--steps-grpo $(GRPO_STEPS)) \
 		$(RUN_ARGS)
 
+# when make started (read once, before any install step runs): `make test` prints its own time
+MAKE_STARTED := $(shell date +%s)
+
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@start=$$(date +%s); $(BIN)/python -m pytest $(PYTEST_ARGS); code=$$?; now=$$(date +%s); \
+	echo "make test: tests $$((now - start)) s, $$((now - $(MAKE_STARTED))) s in all (installs included)"; \
+	exit $$code
 
 # Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
 # against raw transformers, TorchRL and TRL, and the GRPO runtime against the in-process step,
@@ -78,7 +88,7 @@ bench: $(VENV)/.installed-run
 	cd benchmarks && $(CURDIR)/$(BIN)/python report.py
 
 # Learning per wall-clock second, llmrl vs TRL (BUDGET minutes each, plus SFT and evaluation).
-BUDGET ?= 20
+BUDGET ?= 10
 bench-learning: $(VENV)/.installed-run
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python learning.py --budget-minutes $(BUDGET)
 

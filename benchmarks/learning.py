@@ -9,7 +9,7 @@ budget is at least as accurate as TRL at 100%. The curves (each step's batch rew
 held-out accuracy at every saved fraction, against wall time) go to
 ``results/learning.png`` and ``results/learning.json``.
 
-    python benchmarks/learning.py --budget-minutes 20
+    python benchmarks/learning.py --budget-minutes 10
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    grpo_arguments(parser, prompts=4, new_tokens=48)
+    grpo_arguments(parser, prompts=8, new_tokens=24)
+    parser.set_defaults(samples=8, lr=5e-6)  # the make run GRPO settings (configs/grpo.yaml)
     parser.add_argument("--sft", help="SFT model folder to start from (default: run llmrl sft)")
-    parser.add_argument("--budget-minutes", type=float, default=20.0)
-    parser.add_argument("--eval-rows", type=int, default=100)
+    parser.add_argument("--budget-minutes", type=float, default=10.0)
+    parser.add_argument("--eval-rows", type=int, default=200)
     args = parser.parse_args()
 
     workload = grpo_options(args, rows=None)

@@ -28,6 +28,20 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The most expensive modules first, by their ``slow(seconds=...)`` mark (the largest one
+    of a module counts), the rest in collection order: with ``-n 2 --dist loadfile`` the long
+    modules start at once and the short ones fill in beside them, instead of a 6-minute module
+    starting last and running alone. A module's own tests keep their order."""
+    cost: dict[str, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        seconds = float(mark.kwargs.get("seconds", 0)) if mark else 0.0
+        module = item.nodeid.split("::")[0]
+        cost[module] = max(cost.get(module, 0.0), seconds)
+    items.sort(key=lambda item: -cost[item.nodeid.split("::")[0]])
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 

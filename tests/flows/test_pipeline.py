@@ -99,7 +99,7 @@ def _logs(flow_run_id: Any, text: str) -> list[str]:
     return [log["message"] for log in logs if text in log["message"]]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=95)
 def test_pipeline_completes_with_artifacts(first_run) -> None:
     assert first_run.is_completed(), first_run.message
     summary = first_run.result()

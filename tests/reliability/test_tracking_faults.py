@@ -35,7 +35,7 @@ from tests.train.conftest import (  # noqa: F401 (fixtures)
     tiny_model_dir,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=35)]
 
 STEPS = 6
 STOP_AFTER = 2  # the server stops once this step's metrics were sent

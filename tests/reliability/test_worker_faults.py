@@ -29,7 +29,7 @@ from tests.reliability.dying_actors import DyingEnvFactory, DyingPolicyFactory, 
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=65)]
 
 TURNS = 16  # a batch: each of 2 workers resets twice (2 prompts x 2 samples, one turn each)
 REPO = Path(__file__).resolve().parents[2]

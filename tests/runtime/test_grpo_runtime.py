@@ -12,7 +12,7 @@ from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
 from tests.train.conftest import stage_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=70)]
 
 
 def _config(data: Path, model: Path, *overrides: str, **fields) -> GRPOConfig:

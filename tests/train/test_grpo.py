@@ -26,6 +26,8 @@ from tests.train.conftest import (
     trainer_state,
 )
 
+pytestmark = pytest.mark.slow(seconds=95)
+
 ROLLOUT_METRICS = (
     "reward_mean",
     "reward_std",

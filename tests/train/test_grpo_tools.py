@@ -32,6 +32,8 @@ from llmrl.train.grpo import run_grpo
 from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
 from tests.train.conftest import metric_values, run_id_of, stage_config
 
+pytestmark = pytest.mark.slow(seconds=70)
+
 CODE = "```python\n\nprint(2)"
 """The model's tool call: an open python block (it runs to the end of the reply)."""
 CHAIN: dict[str, dict[str | None, float]] = {

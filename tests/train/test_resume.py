@@ -25,7 +25,7 @@ from tests.train.conftest import (
     wait_until,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=65)]
 
 STEPS = 5
 
