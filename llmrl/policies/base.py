@@ -27,6 +27,7 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl.data import ChatFormat
+from llmrl.data.non_tensor import as_list
 from llmrl.policies.batching import RequestBatcher
 from llmrl.policies.generation_kwargs import GenerationKwargs, GenerationKwargsError
 from llmrl.policies.policy_inputs import read_inputs
@@ -238,17 +239,33 @@ class LLMWrapperBase(ABC):
 
     # ------------------------------------------------------------------ internals
     def _forward_many(self, requests: list[TensorDictBase]) -> list[TensorDictBase]:
-        """Serve several callers' batches with one backend call (used by the batcher)."""
-        sizes = [1 if r.batch_dims == 0 else r.batch_size[0] for r in requests]
-        rows = [r.unsqueeze(0) if r.batch_dims == 0 else r for r in requests]
+        """Serve several callers' batches with one backend call (used by the batcher).
+
+        When every request carries ``prompt_id`` (task envs do), they are served in the order
+        of their ids, not of their arrival: a seeded engine then gives each prompt the same
+        draws whichever env worker's request came first."""
+        order = _served_order(requests)
+        served = [requests[i] for i in order]
+        sizes = [1 if r.batch_dims == 0 else r.batch_size[0] for r in served]
+        rows = [r.unsqueeze(0) if r.batch_dims == 0 else r for r in served]
         merged = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
         out = self.forward(merged)
-        results, start = [], 0
-        for request, size in zip(requests, sizes, strict=True):
+        results: list[Any] = [None] * len(requests)
+        start = 0
+        for index, request, size in zip(order, served, sizes, strict=True):
             part = out[start : start + size]
-            results.append(part[0] if request.batch_dims == 0 else part)
+            results[index] = part[0] if request.batch_dims == 0 else part
             start += size
         return results
+
+
+def _served_order(requests: list[TensorDictBase]) -> list[int]:
+    """Indices of ``requests`` sorted by their ``prompt_id`` values, or in arrival order when
+    one of them has none."""
+    if len(requests) < 2 or not all("prompt_id" in r.keys() for r in requests):  # noqa: SIM118
+        return list(range(len(requests)))
+    keys = [tuple(map(str, as_list(r.get("prompt_id")))) for r in requests]
+    return sorted(range(len(requests)), key=lambda i: keys[i])
 
 
 def _merge_num_samples(

@@ -293,3 +293,36 @@ def test_no_shared_cache_for_distinct_prompts(tiny):
         [0, 1],
         [0, 1, 0],
     )
+
+
+def _requests_with_ids() -> list[TensorDict]:
+    """Two env workers' requests: prompts 0-1 and prompt 2, each row named by ``prompt_id``."""
+    from tensordict import NonTensorStack
+
+    batch = history_batch()
+    batch.set("prompt_id", NonTensorStack("p0", "p1", "p2"))
+    return [batch[:2], batch[2:]]
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_batched_requests_are_served_by_prompt_id_not_arrival(eos_model, tokenizer, with_ids):
+    policy = TransformersWrapper(
+        eos_model, tokenizer, generate_kwargs={"max_new_tokens": 8, "do_sample": True}
+    )
+    first, second = _requests_with_ids()
+    if not with_ids:
+        first, second = first.exclude("prompt_id"), second.exclude("prompt_id")
+
+    def responses(requests: list[TensorDict]) -> list[list[list[int]]]:
+        torch.manual_seed(0)  # a seeded engine: one stream for the whole batch
+        outs = policy._forward_many(requests)
+        return [[r.tolist() for r in out["tokens"].as_list("response")] for out in outs]
+
+    in_order = responses([first, second])
+    swapped = responses([second, first])
+    # each request gets its own rows back, whatever the order it came in
+    assert [len(rows) for rows in in_order] == [2, 1] and [len(r) for r in swapped] == [1, 2]
+    if with_ids:  # same draws for the same prompts: the arrival order does not matter
+        assert swapped == [in_order[1], in_order[0]]
+    else:  # arrival order: the first request takes the first draws
+        assert swapped != [in_order[1], in_order[0]]
