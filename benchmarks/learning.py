@@ -3,9 +3,10 @@
 Both start from the same SFT checkpoint (made by ``llmrl sft`` with ``configs/sft.yaml`` unless
 ``--sft`` names one), train on the same prepared arithmetic train split with the same GRPO
 settings for the same wall-time budget, one after the other (never at the same time), and save
-their model at 60% and 100% of the budget. llmrl's evaluator then scores every saved model and
-the starting checkpoint on the same held-out problems (greedy). Target: llmrl at 60% of the
-budget is at least as accurate as TRL at 100%. The curves (each step's batch reward, and the
+their model at every fifth of the budget (``MARKS``). llmrl's evaluator then scores every saved
+model and the starting checkpoint on the same held-out problems (greedy), and each gain is
+paired over those problems with a 95% interval. Target: llmrl at 60% of the budget is at least
+as accurate as TRL at 100%. The curves (each step's batch reward, and the
 held-out accuracy at every saved fraction, against wall time) go to
 ``results/learning.png`` and ``results/learning.json``.
 
