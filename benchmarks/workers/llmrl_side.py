@@ -3,7 +3,8 @@
 Kinds (``options["kind"]``):
 
 * ``rollout``: llmrl ``TransformersWrapper`` sampling ``samples`` responses per chat, with
-  sampling log-probs (what a rollout needs).
+  sampling log-probs (what a rollout needs); ``compile_decode`` picks the compiled static-KV
+  decode. Setup makes one untimed call and reports its time as ``first_call_seconds``.
 * ``raw_hf``: ``model.generate`` on the same chats, pre-tokenized and left-padded, ids only.
 * ``grpo_step``: ``steps_per_rep`` GRPO iterations (default 1) of :class:`inprocess.InProcessGRPO`
   (collect, rewards, advantages, loss, backward, optimizer, weight sync).
@@ -38,7 +39,7 @@ def setup(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     kind = options["kind"]
     info = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
     if kind in ("rollout", "raw_hf"):
-        return info, _generation(options)
+        return info, _generation({**options, "info": info})
     if kind == "learning":
         return info, _learning(options)
     if kind == "grpo_runtime":
@@ -59,7 +60,11 @@ def _generation(options: dict[str, Any]):
     if options["kind"] == "rollout":
         td = TensorDict({"history": ChatHistory(prompt=history, batch_size=[batch])}, [batch])
         policy = TransformersWrapper(
-            model, tokenizer, num_samples=samples, generate_kwargs={"max_new_tokens": new_tokens}
+            model,
+            tokenizer,
+            num_samples=samples,
+            generate_kwargs={"max_new_tokens": new_tokens},
+            compile_decode=options.get("compile_decode", False),
         )
 
         def run(seed: int) -> dict[str, Any]:
@@ -67,6 +72,10 @@ def _generation(options: dict[str, Any]):
             out = policy.get_new_version(generate_kwargs=kwargs)(td)
             return {"tokens": sum(len(r) for r in out.reshape(-1)["tokens"].as_list("response"))}
 
+        # the first call pays one-off costs (with compile_decode: compiling the decode step)
+        started = time.perf_counter()
+        run(seed=99_999)
+        options["info"]["first_call_seconds"] = time.perf_counter() - started
         return run
 
     prompt_ids = history.apply_chat_template(tokenizer, add_generation_prompt=True).as_list(

@@ -117,6 +117,12 @@ class RuntimeSettings(ConfigModel):
     max_actor_restarts: int = Field(
         3, ge=0, description="rebuilds allowed per inference engine or env worker that died"
     )
+    compile_decode: bool = Field(
+        False,
+        description="transformers engines sample with a static KV cache and a torch.compile'd "
+        "decode step: faster per token once compiled, but the first step with a new batch "
+        "shape compiles (tens of seconds on a CPU); see benchmarks/README.md for when it pays",
+    )
 
 
 class GRPOConfig(StageConfig):
@@ -211,5 +217,10 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
         problems.append(
             "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path; use "
             "topology.trainer.strategy 'ddp' (or 'single') with LoRA"
+        )
+    if config.runtime.compile_decode and topology.inference.backend != "transformers":
+        problems.append(
+            "runtime.compile_decode: compiles the transformers engines' decode step; the "
+            f"{topology.inference.backend} backend captures its own graphs (set it to false)"
         )
     return problems

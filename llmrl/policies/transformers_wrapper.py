@@ -1,8 +1,10 @@
 """`TransformersWrapper`: the llmrl policy API over a Hugging Face causal LM.
 
-Sampling uses ``model.generate`` on left-padded prompts; the log-prob of each sampled token is
-taken from the raw logits of that step (the model's own distribution, before temperature or
-top-k/top-p), which is what ``generate=False`` recomputes with one forward pass. Where the pad
+Sampling runs llmrl's decode loop (:mod:`llmrl.policies.decode_loop`) on left-padded prompts,
+or ``model.generate`` for the compiled static-KV decode and for settings the loop does not
+implement; the log-prob of each sampled token is taken from the raw logits of that step (the
+model's own distribution, before temperature or top-k/top-p), which is what ``generate=False``
+recomputes with one forward pass. Where the pad
 token is the end-of-sequence token (SmolLM2, Qwen), a response's length comes from the first
 end-of-sequence it emitted (or the stop sequence it completed); that token is kept with its
 log-prob, and only the positions after it are padding.
@@ -15,16 +17,23 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from llmrl.data import pad_sequences
+from llmrl.policies import decode_loop
 from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
 from llmrl.policies.generation_kwargs import GenerationKwargs
 from llmrl.policies.prompt_cache import shared_prompt_cache
 from llmrl.policies.response_scoring import score_responses
+from llmrl.policies.static_decode import (
+    decode_compile_config,
+    static_cache_length,
+    static_decode_cache,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,13 +44,30 @@ class TransformersWrapper(LLMWrapperBase):
 
     The model is used as given: its train/eval mode and device are the caller's choice
     (trainers keep it in eval mode so sampling and training log-probs see no dropout).
+
+    ``compile_decode=True`` samples with a static KV cache and a ``torch.compile``d decode step
+    (:mod:`llmrl.policies.static_decode`): the same tokens and log-probs, faster once the
+    first call has paid for compiling.
     """
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **kwargs: Any
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        compile_decode: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(tokenizer, **kwargs)
         self.model = model
+        self.compile_decode = compile_decode
+
+    def get_new_version(self, **changes: Any) -> TransformersWrapper:
+        """See :meth:`LLMWrapperBase.get_new_version`; ``compile_decode`` may change too."""
+        compile_decode = changes.pop("compile_decode", self.compile_decode)
+        twin = super().get_new_version(**changes)
+        twin.compile_decode = compile_decode
+        return twin
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -54,6 +80,11 @@ class TransformersWrapper(LLMWrapperBase):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @functools.cached_property
+    def _compile_config(self) -> Any:
+        # one instance: generate recompiles the step whenever it is handed an unequal config
+        return decode_compile_config(self.device)
 
     @torch.no_grad()
     def _generate(
@@ -70,15 +101,43 @@ class TransformersWrapper(LLMWrapperBase):
     def _sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationKwargs
     ) -> list[GeneratedSample]:
-        kwargs = config.to_transformers()
-        if config.stop_sequences:
-            kwargs["tokenizer"] = self.tokenizer
         # G samples per prompt as G rows (the order generate would use), so that every
         # distinct prompt is prefilled once and its KV cache shared by its rows.
-        samples = kwargs.pop("num_return_sequences", 1)
+        samples = config.num_return_sequences
         input_ids = input_ids.repeat_interleave(samples, 0).to(self.device)
         attention_mask = attention_mask.long().repeat_interleave(samples, 0).to(self.device)
+        if self.compile_decode or not decode_loop.supports(config):
+            generated, log_probs = self._generate_with_transformers(
+                input_ids, attention_mask, config
+            )
+        else:
+            generated, log_probs = decode_loop.decode(
+                self.model, input_ids, attention_mask, config, self.eos_token_ids, self.pad_token_id
+            )
+        lengths, finished = self._response_lengths(generated, config)
+        return [
+            GeneratedSample(
+                tokens=generated[row, :length].cpu(),
+                log_probs=log_probs[row, :length].cpu(),
+                finished=done,
+            )
+            for row, (length, done) in enumerate(zip(lengths, finished, strict=True))
+        ]
+
+    def _generate_with_transformers(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationKwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``model.generate`` on rows already repeated G times: ``[N, T]`` ids and log-probs
+        (the static-KV compiled decode, and settings the decode loop does not implement)."""
+        kwargs = config.to_transformers()
+        kwargs.pop("num_return_sequences", None)
+        if config.stop_sequences:
+            kwargs["tokenizer"] = self.tokenizer
         cache = shared_prompt_cache(self.model, input_ids, attention_mask)
+        if self.compile_decode:
+            length = static_cache_length(input_ids.shape[1], config.max_new_tokens)
+            cache = static_decode_cache(self.model, len(input_ids), length, prefix=cache)
+            kwargs["compile_config"] = self._compile_config
         if cache is not None:
             kwargs["past_key_values"] = cache
         out = self.model.generate(
@@ -91,16 +150,7 @@ class TransformersWrapper(LLMWrapperBase):
             **kwargs,
         )
         generated = out.sequences[:, input_ids.shape[1] :]
-        lengths, finished = self._response_lengths(generated, config)
-        log_probs = _step_log_probs(out.logits, generated)
-        return [
-            GeneratedSample(
-                tokens=generated[row, :length].cpu(),
-                log_probs=log_probs[row, :length].cpu(),
-                finished=done,
-            )
-            for row, (length, done) in enumerate(zip(lengths, finished, strict=True))
-        ]
+        return generated, _step_log_probs(out.logits, generated)
 
     def _score(
         self,

@@ -40,6 +40,8 @@ class TransformersEngine:
         seed: seeds the actor's torch RNG once, before the model loads, so that a rerun with
             the same config draws the same samples (None: unseeded). Every sampling call of
             the actor draws from that one stream, so steps stay independent draws.
+        compile_decode: sample with the compiled static-KV decode
+            (:mod:`llmrl.policies.static_decode`).
     """
 
     model: str
@@ -50,6 +52,7 @@ class TransformersEngine:
     batching_timeout_s: float = 0.5
     threads: int | None = None
     seed: int | None = None
+    compile_decode: bool = False
 
     def __call__(self) -> Any:
         from llmrl.models import load_model, load_tokenizer
@@ -68,6 +71,7 @@ class TransformersEngine:
             min_batch_size=self.batch_rows,
             max_batch_size=self.batch_rows,
             batching_timeout=self.batching_timeout_s,
+            compile_decode=self.compile_decode,
         )
 
 
@@ -115,10 +119,12 @@ def start_engines(
     threads: int | None,
     runtime_env: dict[str, Any] | None,
     seed: int | None = None,
+    compile_decode: bool = False,
 ) -> EngineSet:
     """The engines of ``topology``: factories for the inference actors and, with vLLM, the
     ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine ``i`` samples
-    with seed ``seed + i`` (None: unseeded)."""
+    with seed ``seed + i`` (None: unseeded); transformers engines use the compiled decode when
+    ``compile_decode``."""
     inference = topology.inference
 
     def engine_seed(index: int) -> int | None:
@@ -137,6 +143,7 @@ def start_engines(
                     batching_timeout_s,
                     threads,
                     engine_seed(index),
+                    compile_decode,
                 )
                 for index in range(inference.engines)
             ]

@@ -157,6 +157,7 @@ class GRPORuntime:
             threads=settings.torch_threads,
             runtime_env=runtime_env,
             seed=config.seed,
+            compile_decode=settings.compile_decode,
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
         env_factory = TaskEnvFactory(

@@ -87,9 +87,10 @@ def test_a_transformers_engine_serves_the_step_rows_in_one_call(tiny_model_dir):
     policy = TransformersEngine(str(tiny_model_dir), "float32", "cpu", {"max_new_tokens": 4}, 8)()
     assert policy.batching["min_batch_size"] == 8 and policy.batching["max_batch_size"] == 8
     assert not any(p.requires_grad for p in policy.model.parameters())
+    assert not policy.compile_decode
 
 
-def test_each_engine_samples_from_its_own_seed():
+def test_each_engine_samples_from_its_own_seed_with_the_stage_decode_setting():
     topology = Topology.model_validate({"inference": {"backend": "transformers", "engines": 3}})
     engines = start_engines(
         topology,
@@ -102,8 +103,10 @@ def test_each_engine_samples_from_its_own_seed():
         threads=None,
         runtime_env=None,
         seed=7,
+        compile_decode=True,
     )
     assert [factory.seed for factory in engines.factories] == [7, 8, 9]
+    assert all(factory.compile_decode for factory in engines.factories)
 
 
 def _two_steps(tiny_model_dir, seed: int | None) -> list[list[int]]:

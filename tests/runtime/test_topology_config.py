@@ -39,6 +39,14 @@ def _config(**fields) -> GRPOConfig:
             },
             "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path",
         ),
+        (
+            {
+                "runtime": {"compile_decode": True},
+                "topology": {"inference": {"backend": "vllm", "gpus_per_engine": 1}},
+            },
+            "runtime.compile_decode: compiles the transformers engines' decode step; the vllm "
+            "backend captures its own graphs (set it to false)",
+        ),
     ],
 )
 def test_a_config_that_cannot_run_on_its_topology_is_refused(fields, message):

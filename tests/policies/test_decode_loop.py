@@ -1,0 +1,100 @@
+"""llmrl's decode loop against ``generate``: greedy tokens, log-probs, the sampling filters and
+the inverse-CDF draw, and finished rows leaving the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+from llmrl.data import pad_sequences
+from llmrl.policies import GenerationKwargs, TransformersWrapper, decode_loop
+from tests.policies.conftest import history_batch
+
+
+def _prompts(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    texts = ["Once upon a time", "2 + 2 =", "Hi"]
+    ids = [torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    input_ids, mask = pad_sequences(ids, "left", tokenizer.pad_token_id)
+    return input_ids, mask.long()
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "eos_model"])
+def test_greedy_decoding_matches_generate(model_name, tokenizer, request):
+    """Same tokens, and log-probs within 1e-4 of those of generate's own logits."""
+    model = request.getfixturevalue(model_name)
+    input_ids, mask = _prompts(tokenizer)
+    config = GenerationKwargs(max_new_tokens=10, do_sample=False)
+    eos = tokenizer.eos_token_id
+    tokens, log_probs = decode_loop.decode(model, input_ids, mask, config, {eos}, eos)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=mask,
+        max_new_tokens=10,
+        do_sample=False,
+        pad_token_id=eos,
+        eos_token_id=eos,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    expected = out.sequences[:, input_ids.shape[1] :]
+    assert torch.equal(tokens[:, : expected.shape[1]], expected)
+    assert (tokens[:, expected.shape[1] :] == eos).all()  # generate stops when all rows ended
+    for step, logits in enumerate(out.logits):
+        chosen = logits.float().log_softmax(-1).gather(-1, expected[:, step : step + 1])
+        ran = expected[:, :step].ne(eos).all(1)  # rows still decoding at this step
+        torch.testing.assert_close(log_probs[ran, step], chosen[ran, 0], atol=1e-4, rtol=0)
+
+
+def test_top_k_and_top_p_keep_what_transformers_keeps():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for top_k, top_p in [(5, 1.0), (None, 0.7), (10, 0.5), (None, 0.01)]:
+        config = GenerationKwargs(top_k=top_k, top_p=top_p, temperature=0.7)
+        ours = decode_loop.filtered_logits(logits, config)
+        theirs = logits / 0.7
+        if top_k:
+            theirs = TopKLogitsWarper(top_k)(None, theirs)
+        if top_p < 1:
+            theirs = TopPLogitsWarper(top_p)(None, theirs)
+        assert torch.equal(ours.isinf(), theirs.isinf()), (top_k, top_p)
+        assert (~ours.isinf()).sum(-1).min() >= 1
+        torch.testing.assert_close(ours[~ours.isinf()], theirs[~theirs.isinf()])
+
+
+def test_the_draw_follows_the_probabilities():
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    logits = probs.log().expand(20_000, 4)
+    torch.manual_seed(0)
+    draws = decode_loop.next_tokens(logits, GenerationKwargs())
+    frequencies = torch.bincount(draws, minlength=4) / len(draws)
+    # 3 standard errors of a frequency near 0.5 over 20 000 draws: 0.011
+    torch.testing.assert_close(frequencies, probs, atol=0.011, rtol=0)
+    assert frequencies[3] == 0
+    greedy = decode_loop.next_tokens(logits[:2], GenerationKwargs(do_sample=False))
+    assert greedy.tolist() == [0, 0]
+
+
+def test_finished_rows_leave_the_batch(eos_model, tokenizer):
+    """Each step computes only the rows that have not emitted their end token."""
+    widths = []
+    hook = eos_model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    try:
+        policy = TransformersWrapper(
+            eos_model, tokenizer, num_samples=4, generate_kwargs={"max_new_tokens": 24, "seed": 0}
+        )
+        out = policy(history_batch()).reshape(-1)
+    finally:
+        hook.remove()
+    lengths = [len(r) for r in out["tokens"].as_list("response")]
+    steps = widths[1:]  # after the one prefill of the three distinct prompts
+    assert widths[0] == 3 and steps[0] == 12
+    # the rows at step s are those whose response is longer than s tokens
+    assert steps == [sum(length > s for length in lengths) for s in range(len(steps))]
+    assert steps[-1] < 12
+
+
+def test_settings_the_loop_lacks_go_to_generate():
+    assert decode_loop.supports(GenerationKwargs(top_k=5, top_p=0.9, temperature=0.5))
+    assert not decode_loop.supports(GenerationKwargs(repetition_penalty=1.2))

@@ -1,0 +1,68 @@
+"""The compiled static-KV decode: the same greedy tokens and log-probs as plain ``generate``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmrl.models import tiny_model
+from llmrl.policies import TransformersWrapper
+from llmrl.policies.static_decode import static_cache_length
+from tests.policies.conftest import history_batch
+
+pytestmark = pytest.mark.slow(seconds=60)
+
+GREEDY = {"max_new_tokens": 12, "do_sample": False}
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    """A tiny model of this module's own: compiling attaches a compiled step to it."""
+    return tiny_model(tokenizer, seed=3).eval()
+
+
+def _responses(policy: TransformersWrapper) -> tuple[list[list[int]], list[torch.Tensor]]:
+    out = policy(history_batch()).reshape(-1)
+    tokens = [t.tolist() for t in out["tokens"].as_list("response")]
+    return tokens, out["log_probs"].as_list("response")
+
+
+def _assert_same(plain: tuple, compiled: tuple) -> None:
+    assert compiled[0] == plain[0]
+    for ours, theirs in zip(compiled[1], plain[1], strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("prompt_width", "new_tokens", "length"),
+    [(40, 24, 64), (40, 64, 128), (64, 64, 128), (65, 64, 192), (1, 1, 64)],
+)
+def test_cache_length_is_rounded_up_to_the_bucket(prompt_width, new_tokens, length):
+    assert static_cache_length(prompt_width, new_tokens) == length
+
+
+@pytest.mark.parametrize("samples", [1, 3], ids=["distinct-prompts", "shared-prompt-prefix"])
+def test_compiled_decode_matches_plain_generate(model, tokenizer, samples):
+    plain = TransformersWrapper(model, tokenizer, generate_kwargs=GREEDY, num_samples=samples)
+    compiled = plain.get_new_version(compile_decode=True)
+    assert compiled.compile_decode and not plain.compile_decode
+    reference = _responses(plain)
+    assert max(len(t) for t in reference[0]) == GREEDY["max_new_tokens"]
+    _assert_same(reference, _responses(compiled))
+    # transformers keeps the compiled step on the model: proof the compiled path ran
+    assert getattr(model, "_compiled_call", None) is not None
+    _assert_same(reference, _responses(compiled))  # the compiled step, reused
+
+
+def test_compiled_decode_reads_updated_weights(model, tokenizer):
+    """A weight sync copies into the parameters in place; the compiled step must see it."""
+    plain = TransformersWrapper(model, tokenizer, generate_kwargs=GREEDY)
+    compiled = TransformersWrapper(model, tokenizer, generate_kwargs=GREEDY, compile_decode=True)
+    before = _responses(compiled)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    after = _responses(compiled)
+    assert after[0] != before[0], "the update should change the greedy responses"
+    _assert_same(_responses(plain), after)
