@@ -76,12 +76,12 @@ test: $(VENV)/.installed-dev
 
 # Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
 # against raw transformers, TorchRL and TRL, and the GRPO runtime against the in-process step,
-# about 30 minutes on 2 cores. The peers are installed into benchmarks/.peers-venv on first use,
+# about 45 minutes on 2 cores. The peers are installed into benchmarks/.peers-venv on first use,
 # never into $(VENV).
 BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 bench: $(VENV)/.installed-run
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python rollout.py
-	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py --trl-variants
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python overhead.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python runtime.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python weight_push.py

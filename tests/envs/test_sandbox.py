@@ -264,16 +264,23 @@ def assert_not_in(needle: str, haystack: str) -> None:
     assert needle not in haystack
 
 
-def sandbox_processes() -> list[str]:
-    """Live sandbox interpreters (their command line carries the guard's bootstrap)."""
+MODULE_WORKDIRS: list[str] = []  # every sandbox directory made by this module's tests
+
+
+def sandbox_processes(workdirs: list[str]) -> list[str]:
+    """Live sandbox interpreters of this test: their command line carries the guard's bootstrap
+    and their environment (fixed at exec, whatever the snippet does) names one of ``workdirs``.
+    Sandboxes of tests running at the same time in other pytest workers are not counted."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if guard.BOOTSTRAP.encode() in cmdline and state != "Z":
+        ours = any(f"\0HOME={workdir}\0".encode() in b"\0" + environ for workdir in workdirs)
+        if guard.BOOTSTRAP.encode() in cmdline and state != "Z" and ours:
             found.append(f"{pid}: {cmdline[:80]!r}")
     return found
 
@@ -291,6 +298,7 @@ def workdirs(monkeypatch) -> list[str]:
 
     def recording(*args, **kwargs):
         made.append(real(*args, **kwargs))
+        MODULE_WORKDIRS.append(made[-1])
         return made[-1]
 
     monkeypatch.setattr(tempfile, "mkdtemp", recording)
@@ -328,14 +336,14 @@ def test_hostile_snippet_is_contained(row: Row, ctx: Ctx, workdirs: list[str]) -
     if row.after is not None:
         row.after(result, ctx)
     assert workdirs and not any(os.path.exists(d) for d in workdirs)
-    assert sandbox_processes() == []
+    assert sandbox_processes(workdirs) == []
 
 
 @pytest.mark.timeout(60)
-def test_sandbox_still_serves_after_the_hostile_table() -> None:
+def test_sandbox_still_serves_after_the_hostile_table(workdirs: list[str]) -> None:
     result = run_python("print(1 + 1)")
     assert result.ok and result.stdout == "2\n" and result.blocked is None
-    assert sandbox_processes() == []
+    assert MODULE_WORKDIRS and sandbox_processes(MODULE_WORKDIRS) == []
 
 
 @pytest.mark.timeout(60)
