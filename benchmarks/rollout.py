@@ -104,9 +104,10 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
     compile_cost = compile_seconds(contenders, results)
     call_tokens = median_of(results["llmrl"], "tokens")
     saved_per_call = call_tokens / rate["llmrl"] - call_tokens / rate[COMPILED]
+    payoff_calls = compile_cost / saved_per_call if saved_per_call > 0 else None
     payoff = (
-        f"pays for itself after {compile_cost / saved_per_call:.1f} calls of this size"
-        if saved_per_call > 0
+        f"pays for itself after {payoff_calls:.1f} calls of this size"
+        if payoff_calls is not None
         else "slower, so it never pays for itself here"
     )
     print(
@@ -158,7 +159,7 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
         extra={
             "compiled_vs_decode_loop": compiled_vs_loop,
             "compile_seconds": compile_cost,
-            "compile_payoff_calls": compile_cost / saved_per_call if saved_per_call > 0 else None,
+            "compile_payoff_calls": payoff_calls,
         },
         args=args,
     )

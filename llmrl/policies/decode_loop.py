@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from llmrl.policies.generation_kwargs import GenerationKwargs
-from llmrl.policies.prompt_cache import shared_prompt_cache
+from llmrl.policies.prompt_cache import prompt_prefix_cache
+from llmrl.policies.response_scoring import token_log_probs
 
 
 def supports(config: GenerationKwargs) -> bool:
@@ -72,7 +73,8 @@ def decode(
     """
     rows, steps = len(input_ids), config.max_new_tokens
     device = input_ids.device
-    cache = _prefill(model, input_ids, attention_mask)
+    # every prompt token but the last, which the first step feeds
+    cache = prompt_prefix_cache(model, input_ids, attention_mask)
     mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     current = input_ids[:, -1:]
@@ -94,9 +96,7 @@ def decode(
         )
         chosen = next_tokens(logits, config)
         tokens[live, step] = chosen
-        log_probs[live, step] = logits.gather(-1, chosen[:, None]).squeeze(-1) - logits.logsumexp(
-            -1
-        )
+        log_probs[live, step] = token_log_probs(logits, chosen)
         ended = torch.isin(chosen, eos)
         if ended.all() or step == steps - 1:
             break
@@ -108,24 +108,3 @@ def decode(
         mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
         positions = positions + 1
     return tokens, log_probs
-
-
-def _prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-    """The KV cache of every row's prompt but its last token (which the first step feeds)."""
-    from transformers import DynamicCache
-
-    shared = shared_prompt_cache(model, input_ids, attention_mask)
-    if shared is not None:
-        return shared
-    cache = DynamicCache()
-    if input_ids.shape[1] > 1:
-        mask = attention_mask[:, :-1].long()
-        model(
-            input_ids=input_ids[:, :-1],
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    return cache

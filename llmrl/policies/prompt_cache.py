@@ -37,13 +37,42 @@ def shared_prompt_cache(
     ``generate(input_ids, attention_mask, past_key_values=cache)`` then starts from the last
     prompt token of every row.
     """
-    from transformers import DynamicCache
-
     if input_ids.shape[1] < 2:
         return None
     firsts, owners = distinct_rows(list(input_ids))
     if len(firsts) == len(owners):
         return None
+    return _prefix_cache(model, input_ids, attention_mask, firsts, owners)
+
+
+@torch.no_grad()
+def prompt_prefix_cache(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool = True
+) -> Any:
+    """Like :func:`shared_prompt_cache`, but always a cache: every row's ``input_ids[:, :-1]``
+    (empty for one-token prompts), each distinct row computed once unless ``share`` is False."""
+    from transformers import DynamicCache
+
+    if input_ids.shape[1] < 2:
+        return DynamicCache()
+    if share:
+        firsts, owners = distinct_rows(list(input_ids))
+    else:
+        firsts = owners = list(range(len(input_ids)))
+    return _prefix_cache(model, input_ids, attention_mask, firsts, owners)
+
+
+def _prefix_cache(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    firsts: list[int],
+    owners: list[int],
+) -> Any:
+    """The prefix (all but the last column) of rows ``firsts`` through the model, its KV cache
+    indexed out so that row ``i`` holds that of ``firsts[owners[i]]``."""
+    from transformers import DynamicCache
+
     firsts_t = torch.tensor(firsts, device=input_ids.device)
     prefix, mask = input_ids[firsts_t, :-1], attention_mask[firsts_t, :-1].long()
     cache = DynamicCache()
@@ -55,5 +84,6 @@ def shared_prompt_cache(
         use_cache=True,
         logits_to_keep=1,
     )
-    cache.batch_select_indices(torch.tensor(owners, device=input_ids.device))
+    if len(firsts) < len(owners):
+        cache.batch_select_indices(torch.tensor(owners, device=input_ids.device))
     return cache

@@ -76,7 +76,7 @@ def _one_pass(
         position_ids=position_ids,
         logits_to_keep=width + 1,
     ).logits[:, :-1]
-    return _token_log_probs(logits, response_ids.to(device)), response_mask.to(device)
+    return token_log_probs(logits, response_ids.to(device)), response_mask.to(device)
 
 
 def _shared_prompts(
@@ -119,10 +119,10 @@ def _shared_prompts(
         past_key_values=cache,
         use_cache=True,
     ).logits[:, :-1]
-    return _token_log_probs(logits, suffix_ids[:, 1:]), suffix_mask[:, 1:]
+    return token_log_probs(logits, suffix_ids[:, 1:]), suffix_mask[:, 1:]
 
 
-def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[target]`` per position, in float32."""
     logits = logits.float()
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)

@@ -43,10 +43,10 @@ def decode_compile_config(device: torch.device) -> Any:
 
 
 @torch.no_grad()
-def static_decode_cache(model: Any, rows: int, length: int, prefix: Any | None = None) -> Any:
-    """An empty ``StaticCache`` of ``rows`` x ``length`` positions for ``model``, holding the
-    positions of ``prefix`` (a filled ``DynamicCache`` of the same rows, e.g. the shared prompt
-    cache) when one is given."""
+def static_decode_cache(model: Any, length: int, prefix: Any | None = None) -> Any:
+    """A ``StaticCache`` of ``length`` positions for ``model``: empty (``generate`` prefills it),
+    or holding the rows and positions of ``prefix`` (a filled ``DynamicCache``, e.g. the shared
+    prompt cache)."""
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=length)
@@ -54,7 +54,7 @@ def static_decode_cache(model: Any, rows: int, length: int, prefix: Any | None =
         return cache  # generate prefills it (a sliding window keeps its own positions)
     first = prefix.layers[0].keys
     cache.early_initialization(
-        batch_size=rows,
+        batch_size=first.shape[0],
         num_heads=first.shape[1],
         head_dim=first.shape[-1],
         dtype=first.dtype,

@@ -28,7 +28,7 @@ from llmrl.policies import decode_loop
 from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
 from llmrl.policies.generation_kwargs import GenerationKwargs
 from llmrl.policies.prompt_cache import shared_prompt_cache
-from llmrl.policies.response_scoring import score_responses
+from llmrl.policies.response_scoring import score_responses, token_log_probs
 from llmrl.policies.static_decode import (
     decode_compile_config,
     static_cache_length,
@@ -136,7 +136,7 @@ class TransformersWrapper(LLMWrapperBase):
         cache = shared_prompt_cache(self.model, input_ids, attention_mask)
         if self.compile_decode:
             length = static_cache_length(input_ids.shape[1], config.max_new_tokens)
-            cache = static_decode_cache(self.model, len(input_ids), length, prefix=cache)
+            cache = static_decode_cache(self.model, length, prefix=cache)
             kwargs["compile_config"] = self._compile_config
         if cache is not None:
             kwargs["past_key_values"] = cache
@@ -214,9 +214,7 @@ class TransformersWrapper(LLMWrapperBase):
 
 def _step_log_probs(step_logits: tuple[torch.Tensor, ...], generated: torch.Tensor) -> torch.Tensor:
     """``[N, T]`` log-prob of each generated token under that step's raw logits."""
-    columns = []
-    for step, logits in enumerate(step_logits):
-        logits = logits.float()
-        chosen = logits.gather(-1, generated[:, step : step + 1]).squeeze(-1)
-        columns.append(chosen - logits.logsumexp(-1))
-    return torch.stack(columns, dim=1)
+    return torch.stack(
+        [token_log_probs(logits, generated[:, step]) for step, logits in enumerate(step_logits)],
+        dim=1,
+    )

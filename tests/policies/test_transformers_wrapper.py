@@ -271,11 +271,13 @@ def test_repeated_prompts_share_one_prefill_and_sample_as_before(tiny, tokenizer
     policy = _policy(tiny, tokenizer, num_samples=3, generate_kwargs=greedy)
     shared = policy(history_batch(chats))
     caches = []
-    monkeypatch.setattr(
-        decode_loop,
-        "shared_prompt_cache",
-        lambda *args: caches.append(prompt_cache.shared_prompt_cache(*args)) or None,
-    )
+
+    def unshared(model, input_ids, mask):
+        """Records the cache sharing would build, and prefills every row on its own instead."""
+        caches.append(prompt_cache.shared_prompt_cache(model, input_ids, mask))
+        return prompt_cache.prompt_prefix_cache(model, input_ids, mask, share=False)
+
+    monkeypatch.setattr(decode_loop, "prompt_prefix_cache", unshared)
     plain = policy(history_batch(chats))
     assert len(caches) == 1 and caches[0] is not None
     assert caches[0].get_seq_length() > 0 and caches[0].layers[0].keys.shape[0] == 6
