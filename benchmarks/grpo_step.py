@@ -51,6 +51,13 @@ def main() -> None:
     parser.add_argument(
         "--trl-variants", action="store_true", help="also TRL without gradient checkpointing"
     )
+    parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="llmrl's micro_batch_size (rows per forward/backward, gradients accumulated into "
+        "one step); default: the whole batch in one pass",
+    )
     args = parser.parse_args()
 
     options = grpo_options(args, rows=args.prompts)
@@ -62,7 +69,12 @@ def main() -> None:
     figures, summaries = [], {}
     for peer_name, peer_options, target in pairs:
         contenders = [
-            Contender("llmrl", sys.executable, "llmrl_side.py", {**options, "kind": "grpo_step"}),
+            Contender(
+                "llmrl",
+                sys.executable,
+                "llmrl_side.py",
+                {**options, "kind": "grpo_step", "micro_batch_size": args.micro_batch_size},
+            ),
             Contender(peer_name, peers, "trl_side.py", {**options, **peer_options}),
         ]
         try:
@@ -88,7 +100,12 @@ def report_pair(
     print(
         f"\nGRPO step: {args.prompts} prompts x G={args.samples}, <= {args.new_tokens} new tokens, "
         f"lr {args.lr}, fp32, CPU, {llmrl.info['torch_threads']} threads, "
-        f"median of {args.reps} steps after 1 warm-up; TRL {peer.info['trl']}"
+        f"median of {args.reps} steps after 1 warm-up; TRL {peer.info['trl']}; llmrl "
+        + (
+            f"in micro-batches of {args.micro_batch_size} rows"
+            if args.micro_batch_size
+            else "in one pass over the batch"
+        )
     )
     rows = []
     for contender in contenders:

@@ -123,6 +123,7 @@ def _config(options: dict[str, Any], **fields: Any) -> Any:
             "num_samples": options["samples"],
             "generation": {"max_new_tokens": options["new_tokens"], "temperature": 1.0},
             "optimizer": {"lr": options["lr"], "schedule": "constant"},
+            "micro_batch_size": options.get("micro_batch_size"),
             "checkpoint": {"dir": f"{scratch}/checkpoints", "resume": "never"},
             "tracking": {"enabled": False},
             "output_dir": scratch,

@@ -146,6 +146,14 @@ class GRPOConfig(StageConfig):
     minibatch_size: int | None = Field(
         None, ge=1, description="sequences per optimizer step (default: the whole batch)"
     )
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="rows (sequences; one per turn of a multi-turn episode) per forward/backward "
+        "on a trainer rank; their gradients add up into one optimizer step (gradient "
+        "accumulation: less activation memory, the same update); default: a rank's whole "
+        "minibatch at once",
+    )
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: strictly on-policy; async: collect while training"
     )

@@ -128,6 +128,16 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def all_reduce_max(value: int) -> int:
+    """The largest ``value`` of any rank (``value`` itself with one rank)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    largest = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
+
+
 def world_size() -> int:
     """Ranks in the group (1 without one)."""
     return dist.get_world_size() if dist.is_initialized() else 1

@@ -7,17 +7,25 @@ its schedule). Rollouts, advantages, weight sync and placement are the runtime's
 
     for update in range(updates_per_step):      # passes over the batch
         for minibatch in split(shard, n):        # the same n on every rank
-            out = loss(minibatch)
-            (out.loss * share).backward()        # share: this rank's part of the global mean
+            for micro in split(minibatch, m):    # gradient accumulation, the same m everywhere
+                out = loss(micro)
+                (out.loss * out.normalizer).backward()   # the micro-batch's sum
+            grads *= world_size / global normalizer      # this rank's part of the global mean
             clip; optimizer.step()
 
 **Ranks agree with one process.** Each loss term is a mean over the batch (tokens,
 sequences...), but a rank sees only its shard. Every minibatch's denominator
-(:attr:`GRPOLossOutput.normalizer`) is summed over the ranks, and each rank scales its loss by
-``world_size * local / global``: after DDP/FSDP average the gradients, the update is the one a
-single process would make on the whole batch (``tests/runtime`` checks it to float rounding).
-A rank whose minibatch is empty scores a stand-in row with weight 0, so every rank runs the
-same collectives.
+(:attr:`GRPOLossOutput.normalizer`) is summed over the ranks and micro-batches, and each rank
+scales its summed gradients by ``world_size / global``: after DDP/FSDP average the gradients,
+the update is the one a single process would make on the whole batch (``tests/runtime`` checks
+it to float rounding). A rank whose minibatch or micro-batch is empty scores a stand-in row with
+weight 0, so every rank runs the same collectives.
+
+**Micro-batches** (``micro_batch_size``) trade nothing but a little matmul efficiency for
+memory: the activations kept for backward are those of one micro-batch, not of the minibatch.
+Their count ``m`` is the largest part any rank got over ``micro_batch_size`` (rows: one per
+turn of a multi-turn episode), the same on every rank; DDP and FSDP synchronise the gradients
+on the last micro-batch only.
 
 **The ratio's anchor with truncated importance sampling.** With ``loss.tis_cap`` the PPO
 ratio's anchor is the training model's log-probs of the batch before its first update (the
@@ -33,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -131,15 +140,25 @@ class GRPOTrainer:
             tick = time.perf_counter()
             scored = [(self._with_anchor(batch), empty) for batch, empty in scored]
             seconds["loss_forward_seconds"] += time.perf_counter() - tick
+        micro_batches = self.micro_batches(max(part.batch_size[0] for part in parts))
         for _ in range(self.config.updates_per_step):
             for batch, empty in scored:
-                values = self._update(batch, empty, seconds, step)
+                values = self._update(batch, empty, micro_batches, seconds, step)
                 for name, value in values.items():
                     sums[name] = sums.get(name, 0.0) + value
         count = self.config.updates_per_step * minibatches
         skipped = sums.pop("skipped", 0.0)
         means = {name: total / count for name, total in sums.items()}
         return {**means, **seconds, "skipped_updates": skipped}
+
+    def micro_batches(self, rows: int) -> int:
+        """Forward/backward passes per optimizer step when this rank's largest part of a
+        minibatch has ``rows`` rows: the largest part of any rank over ``micro_batch_size``
+        (one collective), so every rank makes the same number; 1 without it."""
+        size = self.config.micro_batch_size
+        if size is None:
+            return 1
+        return max(1, math.ceil(distributed.all_reduce_max(rows) / size))
 
     def anchors_needed(self, minibatches: int) -> bool:
         """Whether :meth:`train` scores the ratio's anchor before the first update: with
@@ -157,25 +176,38 @@ class GRPOTrainer:
         self,
         batch: TensorDictBase,
         empty: bool,
+        micro_batches: int,
         seconds: dict[str, float],
         step: int | None,
     ) -> dict[str, float]:
-        """One optimizer step on this rank's part of a minibatch (``empty``: ``batch`` is the
-        stand-in row, trained on with weight 0)."""
+        """One optimizer step on this rank's part of a minibatch, in ``micro_batches`` forward
+        and backward passes (``empty``: ``batch`` is the stand-in row, trained on with weight
+        0)."""
         world = distributed.world_size()
-        tick = time.perf_counter()
-        out = self.loss_fn(batch)
-        local = torch.zeros(()) if empty else out.normalizer.detach().float().cpu()
-        names = [name for name in LOSS_METRICS if getattr(out, name) is not None]
-        detached = [float(getattr(out, name).detach()) for name in names]
+        names: list[str] = []  # the diagnostics this config's loss computes
+        weighted = torch.zeros(())  # normalizer, loss, diagnostics, each times the normalizer
+        micros = split_evenly(batch, micro_batches)
+        for index, micro in enumerate(micros):
+            stand_in = empty or micro.batch_size[0] == 0
+            tick = time.perf_counter()
+            out = self.loss_fn(batch[:1] if stand_in else micro)
+            names = [name for name in LOSS_METRICS if getattr(out, name) is not None]
+            local = 0.0 if stand_in else float(out.normalizer.detach())
+            values = [float(out.loss.detach()), *(float(getattr(out, n).detach()) for n in names)]
+            weighted = weighted + torch.tensor([1.0, *values]) * local
+            seconds["loss_forward_seconds"] += time.perf_counter() - tick
+            tick = time.perf_counter()
+            with self._gradient_sync(last=index == len(micros) - 1):
+                (out.loss * local).backward()  # the micro-batch's sum over its normalizer
+            seconds["backward_seconds"] += time.perf_counter() - tick
         # one collective for the denominator and every weighted diagnostic
-        weighted = torch.tensor([1.0, float(out.loss.detach()), *detached]) * local
+        tick = time.perf_counter()
         totals = distributed.all_reduce_sum(weighted)
         global_norm = float(totals[0])
-        share = world * float(local) / global_norm if global_norm > 0 else 0.0
-        seconds["loss_forward_seconds"] += time.perf_counter() - tick
-        tick = time.perf_counter()
-        (out.loss * share).backward()
+        scale = world / global_norm if global_norm > 0 else 0.0
+        for parameter in self.model.parameters():
+            if parameter.grad is not None:
+                parameter.grad.mul_(scale)
         seconds["backward_seconds"] += time.perf_counter() - tick
         if step is not None:
             fault_point("backward", step)
@@ -201,6 +233,16 @@ class GRPOTrainer:
             "lr": lr,
             "skipped": 0.0 if finite else 1.0,
         }
+
+    def _gradient_sync(self, last: bool) -> AbstractContextManager[Any]:
+        """DDP and FSDP all-reduce the gradients on the last micro-batch's backward only."""
+        no_sync = getattr(self.model, "no_sync", None)  # DistributedDataParallel
+        if callable(no_sync) and not last:
+            return no_sync()
+        set_sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2
+        if callable(set_sync):
+            set_sync(last)
+        return nullcontext()
 
 
 def split_evenly(batch: TensorDictBase, parts: int) -> list[TensorDictBase]:

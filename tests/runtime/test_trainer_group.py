@@ -1,5 +1,6 @@
 """Trainer ranks on Ray with torch.distributed (gloo): DDP and FSDP2 with two ranks make the
-same update as one process on the same batch, and a dead rank is named."""
+same update as one process on the same batch, in one pass or in micro-batches, and a dead rank
+is named."""
 
 from __future__ import annotations
 
@@ -107,6 +108,22 @@ def test_ddp_and_fsdp_with_two_ranks_update_like_one_process(
         assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
         assert metrics["ESS"] == pytest.approx(single_metrics["ESS"], rel=1e-5)
         assert set(weights) == set(single)
+        worst = max(float((weights[k] - single[k]).abs().max()) for k in single)
+        assert worst <= WEIGHT_TOLERANCE, (strategy, worst)
+
+
+def test_micro_batches_on_two_uneven_ranks_update_like_one_process(
+    local_ray, arithmetic_data, tiny_model_dir, batch, tmp_path
+):
+    config = _config(arithmetic_data, tiny_model_dir, tmp_path)
+    micro = config.model_copy(update={"micro_batch_size": 1})
+    three_groups = batch[:6]  # ranks get 4 and 2 rows: 4 passes each, 2 of them stand-ins
+    assert [s.batch_size[0] for s, _ in split_groups(three_groups, 2, 2)] == [4, 2]
+    single_metrics, single = _train_once(config, 1, "single", three_groups, tmp_path / "single")
+    for strategy in ("ddp", "fsdp"):
+        metrics, weights = _train_once(micro, 2, strategy, three_groups, tmp_path / strategy)
+        assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=1e-7)
+        assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
         worst = max(float((weights[k] - single[k]).abs().max()) for k in single)
         assert worst <= WEIGHT_TOLERANCE, (strategy, worst)
 
