@@ -81,7 +81,7 @@ test: $(VENV)/.installed-dev
 BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 bench: $(VENV)/.installed-run
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python rollout.py
-	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py --trl-variants
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py --trl-variants --micro-batch-size 8
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python overhead.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python runtime.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python weight_push.py

@@ -21,7 +21,7 @@ from llmrl.topology import Topology, place_on_ray
 from llmrl.train.stage import prepared_task
 from tests.train.conftest import stage_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=60)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=90)]
 
 LR = 1e-4
 WEIGHT_TOLERANCE = 1e-2 * LR
