@@ -76,7 +76,7 @@ test: $(VENV)/.installed-dev
 
 # Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
 # against raw transformers, TorchRL and TRL, and the GRPO runtime against the in-process step,
-# about 45 minutes on 2 cores. The peers are installed into benchmarks/.peers-venv on first use,
+# about 30 minutes on 2 cores. The peers are installed into benchmarks/.peers-venv on first use,
 # never into $(VENV).
 BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 bench: $(VENV)/.installed-run
