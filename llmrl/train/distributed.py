@@ -121,8 +121,7 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """``values`` summed over the ranks (a copy; unchanged with one rank)."""
     total = values.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1:
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        moved = total.to(device)
+        moved = total.to(_collective_device())
         dist.all_reduce(moved)
         total = moved.to(values.device)
     return total
@@ -132,10 +131,14 @@ def all_reduce_max(value: int) -> int:
     """The largest ``value`` of any rank (``value`` itself with one rank)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return value
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    largest = torch.tensor([value], dtype=torch.int64, device=device)
+    largest = torch.tensor([value], dtype=torch.int64, device=_collective_device())
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
     return int(largest.item())
+
+
+def _collective_device() -> str:
+    """Where the group's collectives take their tensors: CUDA for NCCL, else the CPU."""
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
 def world_size() -> int:

@@ -50,20 +50,29 @@ def _trainer(data: Path, model_dir: Path, **fields) -> GRPOTrainer:
     return GRPOTrainer(config, model, load_tokenizer(model_dir), total_steps=4)
 
 
-def _record_loss_calls(trainer: GRPOTrainer, monkeypatch) -> list[tuple[list, float]]:
-    """(anchor rows, kl_approx) of every loss call."""
-    calls: list[tuple[list, float]] = []
+def _spy_loss(trainer: GRPOTrainer, monkeypatch, record) -> list:
+    """``record(td, out)`` of every loss call, in order."""
+    calls: list = []
     forward = trainer.loss_fn.forward
 
     def spy(td):
         out = forward(td)
-        anchor = td.get(ANCHOR_KEY, None)
-        rows = None if anchor is None else [r.clone() for r in anchor.as_list("full")]
-        calls.append((rows, float(out.kl_approx)))
+        calls.append(record(td, out))
         return out
 
     monkeypatch.setattr(trainer.loss_fn, "forward", spy)
     return calls
+
+
+def _record_loss_calls(trainer: GRPOTrainer, monkeypatch) -> list[tuple[list, float]]:
+    """(anchor rows, kl_approx) of every loss call."""
+
+    def anchor_and_kl(td, out):
+        anchor = td.get(ANCHOR_KEY, None)
+        rows = None if anchor is None else [r.clone() for r in anchor.as_list("full")]
+        return rows, float(out.kl_approx)
+
+    return _spy_loss(trainer, monkeypatch, anchor_and_kl)
 
 
 def _rows_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -115,15 +124,7 @@ def test_one_optimizer_step_per_batch_scores_no_extra_anchor(
 
 def _scored_rows(trainer: GRPOTrainer, monkeypatch) -> list[int]:
     """The rows of every loss call."""
-    rows: list[int] = []
-    forward = trainer.loss_fn.forward
-
-    def spy(td):
-        rows.append(td.batch_size[0])
-        return forward(td)
-
-    monkeypatch.setattr(trainer.loss_fn, "forward", spy)
-    return rows
+    return _spy_loss(trainer, monkeypatch, lambda td, out: td.batch_size[0])
 
 
 def _assert_same_update(a: GRPOTrainer, b: GRPOTrainer, a_metrics: dict, b_metrics: dict):
