@@ -21,7 +21,8 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= -m "not learning" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: test check-learning run bench bench-learning lint format chart-schema clean-venv
+.PHONY: test check-learning run bench bench-learning lint format chart-schema clean-venv \
+	gpu-wheels test-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -108,3 +109,48 @@ format: $(VENV)/.installed-dev
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The GPU machine (NOTES.md, "The GPU machine"): no package index, Python 3.12, torch,
+# transformers, peft and pytest installed. `make gpu-wheels` (here, with the index) fills the
+# ignored .gpu-bundle/: wheels of what llmrl and TRL need beyond that image, and SmolLM2's
+# tokenizer saved as a folder (no GGUF package there). Carry .gpu-bundle to the machine.
+GPU_BUNDLE ?= .gpu-bundle
+GPU_WHEELS = tensordict==0.15.3 pyvers==0.2.3 pydantic==2.14.3 pydantic-core==2.50.4 \
+	typing-inspection annotated-types "typing-extensions>=4.16" \
+	trl==1.16.0 datasets==5.0.0 dill==0.4.1 multiprocess==0.70.19
+gpu-wheels: $(VENV)/.installed-dev
+	mkdir -p $(GPU_BUNDLE)/wheels
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_17_x86_64 --dest $(GPU_BUNDLE)/wheels \
+		$(GPU_WHEELS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -c "from llmrl.models import load_tokenizer; \
+		load_tokenizer().save_pretrained('$(GPU_BUNDLE)/tokenizer')"
+	du -sh $(GPU_BUNDLE)
+
+# `make test-gpu`: the GPU tests (tests/gpu, `-m gpu`) and benchmarks/gpu.py, results under
+# $(OUT) when set (the GPU machine's output folder), else benchmarks/results. Runs with the
+# machine's own python3 when it has no .venv; the bundle's wheels go on PYTHONPATH when
+# tensordict or pydantic are missing. Without CUDA the tests skip and the benchmark is skipped.
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_SITE ?= /tmp/llmrl-gpu-site
+GPU_RESULTS = $(if $(OUT),$(OUT),benchmarks/results)
+test-gpu:
+	@set -e; pypath="$(CURDIR)"; \
+	if ! $(GPU_PYTHON) -c "import tensordict, pydantic" 2>/dev/null; then \
+		echo "installing $(GPU_BUNDLE)/wheels into $(GPU_SITE)"; \
+		$(GPU_PYTHON) -m pip install --quiet --no-index --no-deps --target $(GPU_SITE) \
+			$(GPU_BUNDLE)/wheels/*.whl; \
+		pypath="$$pypath:$(GPU_SITE)"; \
+	fi; \
+	export PYTHONPATH="$$pypath$${PYTHONPATH:+:$$PYTHONPATH}" HF_HUB_OFFLINE=1 \
+		TOKENIZERS_PARALLELISM=false; \
+	if [ -d $(GPU_BUNDLE)/tokenizer ]; then export LLMRL_TOKENIZER_DIR=$(CURDIR)/$(GPU_BUNDLE)/tokenizer; fi; \
+	start=$$(date +%s); code=0; \
+	$(GPU_PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider -rs \
+		$(if $(OUT),--junitxml=$(OUT)/gpu-tests.xml) || code=$$?; \
+	if $(GPU_PYTHON) -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
+		$(GPU_PYTHON) benchmarks/gpu.py --results-dir $(GPU_RESULTS) || code=$$?; \
+	else \
+		echo "make test-gpu: no CUDA device here: GPU tests skipped, benchmarks/gpu.py not run"; \
+	fi; \
+	echo "make test-gpu: $$(( $$(date +%s) - start )) s, exit $$code"; exit $$code

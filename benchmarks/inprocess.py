@@ -34,8 +34,9 @@ from llmrl.objectives import MCAdvantage
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime.grpo_runtime import rollout_metrics
 from llmrl.train.grpo_trainer import GRPOTrainer
-from llmrl.train.lora import apply_lora
+from llmrl.train.precision import TrainingPrecision
 from llmrl.train.stage import prepared_task
+from llmrl.train.trainable_model import load_trainable_model
 
 
 class InProcessGRPO:
@@ -51,11 +52,18 @@ class InProcessGRPO:
         task, _ = prepared_task(config.data.path)
         rows = load_prepared(config.data.path)[0][: config.data.max_train_rows]
         self.tokenizer = load_tokenizer(config.model.spec)
-        model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
-        self.model = apply_lora(model, config.lora)
-        self.model.eval()  # no dropout: sampling and training log-probs see the same network
+        # the trainer's model (float32 masters under mixed precision), as a rank builds it
+        self.model = load_trainable_model(config.model, config.lora)
+        self.precision = TrainingPrecision.of(config.model)
+        # the sampler shares it, unless it samples in another dtype (mixed precision): then it
+        # holds its own copy in model.dtype, as an engine does, and gets the cast weights
+        sampling_model = self.model
+        if self.precision.casts:
+            sampling_model = load_model(
+                config.model.spec, dtype=config.model.dtype, device=config.model.device
+            )
         self.sampler = TransformersWrapper(
-            self.model, self.tokenizer, generate_kwargs=config.generation.as_kwargs()
+            sampling_model, self.tokenizer, generate_kwargs=config.generation.as_kwargs()
         )
         env = TaskEnv(
             task,
@@ -106,7 +114,8 @@ class InProcessGRPO:
             metrics.update(result)
         timings["training_seconds"] = time.perf_counter() - tick
         tick = time.perf_counter()
-        self.collector.update_policy_weights_()
+        weights = self.precision.export(self.model.state_dict()) if self.precision.casts else None
+        self.collector.update_policy_weights_(weights)
         timings["weight_sync_seconds"] = time.perf_counter() - tick
         versions = batch["policy_version"].reshape(-1)
         metrics.update(

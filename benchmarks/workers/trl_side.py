@@ -87,31 +87,7 @@ def build_trainer(
         {"prompt": c, "answer": a}
         for c, a in zip(options["chats"], options["answers"], strict=True)
     ]
-    batch = options["prompts"] * options["samples"]  # completions per optimizer step
-    args = trl.GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
-        use_cpu=True,
-        bf16=False,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        num_generations=options["samples"],
-        max_completion_length=options["new_tokens"],
-        temperature=1.0,
-        top_p=1.0,
-        beta=0.0,
-        learning_rate=options["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_grad_norm=1.0,
-        gradient_checkpointing=options["gradient_checkpointing"],
-        max_steps=100_000,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=100_000,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
+    args = grpo_config(options, gradient_checkpointing=options["gradient_checkpointing"])
     return trl.GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -120,6 +96,38 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+
+
+def grpo_config(options: dict[str, Any], **overrides: Any) -> Any:
+    """TRL's ``GRPOConfig`` of the workload (``prompts`` x ``samples`` completions per optimizer
+    step, ``new_tokens``, ``lr``; temperature 1, no top-p, beta 0, constant lr, grad clip 1, no
+    saving or logging), on CPU in float32 unless ``overrides`` say otherwise."""
+    import trl
+
+    settings = {
+        "output_dir": tempfile.mkdtemp(prefix="trl-bench-"),
+        "use_cpu": True,
+        "bf16": False,
+        "per_device_train_batch_size": options["prompts"] * options["samples"],
+        "gradient_accumulation_steps": 1,
+        "num_generations": options["samples"],
+        "max_completion_length": options["new_tokens"],
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "beta": 0.0,
+        "learning_rate": options["lr"],
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "max_grad_norm": 1.0,
+        "max_steps": 100_000,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_steps": 100_000,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "seed": 0,
+    }
+    return trl.GRPOConfig(**{**settings, **overrides})
 
 
 def setup(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:

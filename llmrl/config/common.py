@@ -25,11 +25,51 @@ class ModelConfig(ConfigModel):
         "float32", description="weights dtype (float32 on CPU)"
     )
     device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, ...")
+    precision: Literal["mixed", "pure"] = Field(
+        "mixed",
+        description="how trainers hold a `dtype` below float32. mixed: float32 master weights "
+        "and AdamW state, compute in `dtype` (autocast; FSDP2's MixedPrecisionPolicy), weights "
+        "cast to `dtype` when pushed to the engines and saved; pure: parameters and AdamW state "
+        "in `dtype` (half the memory, but updates under the dtype's resolution, about 0.4% of "
+        "a weight in bfloat16, are rounded away: most of GRPO's)",
+    )
+    activation_checkpointing: bool | None = Field(
+        None,
+        description="trainers recompute each decoder layer's activations in backward instead "
+        "of keeping them (about a third more compute, a fraction of the memory); "
+        "null: on for CUDA devices, off on CPU",
+    )
+    log_prob_chunk_size: int | None = Field(
+        1024,
+        ge=1,
+        description="trainers compute log-probs (and entropy) from the last hidden states this "
+        "many positions at a time, so the [rows, positions, vocabulary] logits never exist at "
+        "once (the backward recomputes each chunk's logits); null: all positions at once",
+    )
 
     @property
     def spec(self) -> str:
         """What to load: the checkpoint when given, else the model name."""
         return self.checkpoint or self.name
+
+    @property
+    def checkpoints_activations(self) -> bool:
+        """Whether trainers use activation checkpointing (``activation_checkpointing``, or on
+        CUDA when it is null)."""
+        if self.activation_checkpointing is None:
+            return self.device.startswith("cuda")
+        return self.activation_checkpointing
+
+    def training_problems(self) -> list[str]:
+        """Why a trainer cannot train this model as configured (empty when it can); each line
+        starts with the field to change."""
+        if self.dtype == "float16" and self.precision == "mixed":
+            return [
+                "model.dtype: float16 mixed precision needs loss scaling, which llmrl's trainers "
+                "do not do (small gradients underflow float16's range); use bfloat16 (the same "
+                "memory, float32's range) or float32"
+            ]
+        return []
 
 
 class DataConfig(ConfigModel):

@@ -117,11 +117,12 @@ class RuntimeSettings(ConfigModel):
     max_actor_restarts: int = Field(
         3, ge=0, description="rebuilds allowed per inference engine or env worker that died"
     )
-    compile_decode: bool = Field(
-        False,
+    compile_decode: bool | None = Field(
+        None,
         description="transformers engines sample with a static KV cache and a torch.compile'd "
         "decode step: faster per token once compiled, but the first step with a new batch "
-        "shape compiles (tens of seconds on a CPU); see benchmarks/README.md for when it pays",
+        "shape compiles (tens of seconds); None: on for engines on a GPU (several times "
+        "faster there), off on a CPU (slower there); see benchmarks/README.md",
     )
 
 
@@ -193,6 +194,9 @@ class GRPOConfig(StageConfig):
     def _reference_needed(self) -> GRPOConfig:
         if self.loss.kl_to_ref_coeff > 0 and not self.reference:
             raise ValueError("loss.kl_to_ref_coeff > 0 needs `reference: true`")
+        problems = self.model.training_problems()
+        if problems:
+            raise ValueError("\n".join(problems))
         if self.topology is not None:
             problems = topology_problems(self, self.topology)
             if problems:
@@ -226,7 +230,7 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
             "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path; use "
             "topology.trainer.strategy 'ddp' (or 'single') with LoRA"
         )
-    if config.runtime.compile_decode and topology.inference.backend != "transformers":
+    if config.runtime.compile_decode is True and topology.inference.backend != "transformers":
         problems.append(
             "runtime.compile_decode: compiles the transformers engines' decode step; the "
             f"{topology.inference.backend} backend captures its own graphs (set it to false)"

@@ -70,6 +70,9 @@ class SFTConfig(StageConfig):
 
     @model_validator(mode="after")
     def _reference_needed(self) -> SFTConfig:
+        problems = self.model.training_problems()
+        if problems:
+            raise ValueError("\n".join(problems))
         if self.loss_function == "minor_sft" and not self.reference:
             raise ValueError(
                 "loss_function: 'minor_sft' compares the model with a frozen reference model; "

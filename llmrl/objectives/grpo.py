@@ -40,8 +40,6 @@ from llmrl.objectives.token_level import (
     masked_mean,
     prediction_mask,
     response_columns,
-    scatter_rows,
-    token_entropy,
 )
 from llmrl.policies.policy_inputs import get_input
 
@@ -218,8 +216,8 @@ class GRPOLoss(nn.Module):
     ``masks`` (with ``assistant``), the sampling ``log_probs`` (``log_probs.response``), the
     per-sequence ``advantage`` and, when used, ``ref_log_probs``; it scores the tokens with a
     scoring twin of ``actor`` (``generate=False, input_mode="tokens", pad_output=True``, sharing
-    its weights; logits are requested only when ``entropy_coeff > 0``, so ``entropy`` is
-    reported only then) and returns a :class:`GRPOLossOutput`.
+    its weights; per-token entropies are requested only when ``entropy_coeff > 0``, so
+    ``entropy`` is reported only then) and returns a :class:`GRPOLossOutput`.
 
     Masking strategies, over the padded ``full = cat(prompt, response)`` layout (each row's first
     token, which has no prediction, is never included):
@@ -311,7 +309,8 @@ class GRPOLoss(nn.Module):
             input_mode="tokens",
             pad_output=True,
             return_log_probs=True,
-            return_logits=entropy_coeff > 0,
+            return_logits=False,
+            return_entropy=entropy_coeff > 0,
             # the "sft" mask trains on response tokens only: skip the output layer over prompts
             score_responses_only=masking_strategy == "sft",
             min_batch_size=None,
@@ -360,12 +359,8 @@ class GRPOLoss(nn.Module):
         sampling = torch.where(unsampled, anchor, sampling)
         ref = self._ref_log_probs(td, in_masks, masks, mask)
         entropy = None
-        if self.entropy_coeff > 0:
-            per_row = token_entropy(scored.get("logits"))
-            lengths = masks.full.sum(1).tolist()
-            entropy = scatter_rows(
-                [row[:length] for row, length in zip(per_row, lengths, strict=True)], masks.full
-            )
+        if self.entropy_coeff > 0:  # laid out like the log-probs (the actor pads its output)
+            entropy = scored.get("entropy").full.to(current.device)
         return grpo_objective(
             current,
             anchor,

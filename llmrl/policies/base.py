@@ -14,6 +14,7 @@ Output keys (configurable): ``history`` (:class:`ChatHistory`, history mode), ``
 (:class:`Text`), ``tokens`` (:class:`Tokens`), ``masks`` (:class:`Masks`), ``log_probs``
 (:class:`LogProbs`). With ``num_samples=G`` a batch ``[B]`` becomes ``[B, G]``: ``out[b]`` is
 the group of G responses to prompt ``b``, and every input entry is repeated along the new dim.
+Scoring writes ``logits`` and ``entropy`` too when asked (``return_logits``, ``return_entropy``).
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ class GeneratedSample:
 
 @dataclass
 class ScoreResult:
-    """Right-padded log-probs ``[N, L]`` of scored sequences (and logits when asked)."""
+    """Right-padded log-probs ``[N, L]`` of scored sequences (and entropies, logits when asked).
+
+    ``entropy[i, t]`` is the entropy of the distribution token ``t`` was drawn from, laid out
+    like ``log_probs`` (0 where they hold 0)."""
 
     log_probs: torch.Tensor
     logits: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 class LLMWrapperBase(ABC):
@@ -73,6 +78,11 @@ class LLMWrapperBase(ABC):
         generate_kwargs: generation settings (see :class:`GenerationKwargs`).
         return_log_probs: write :class:`LogProbs` into the output.
         return_logits: when scoring, also write the ``logits`` (large: ``[L, vocab]`` a row).
+        return_entropy: when scoring, also write ``entropy``: per token, the entropy of the
+            distribution it was drawn from, laid out like ``log_probs`` (the same container
+            type and fields; 0 at each row's first token, and at prompt tokens when only
+            responses are scored). Cheaper than ``return_logits`` for an entropy bonus: a
+            backend may compute it without materialising the logits.
         score_responses_only: when scoring rows whose prompt is known (``prompt`` next to
             ``full``), compute log-probs of the response tokens only; prompt positions hold 0.
             A backend may then skip the output layer over prompt tokens (losses that train on
@@ -94,6 +104,7 @@ class LLMWrapperBase(ABC):
         generate_kwargs: dict[str, Any] | None = None,
         return_log_probs: bool = True,
         return_logits: bool = False,
+        return_entropy: bool = False,
         score_responses_only: bool = False,
         pad_output: bool = False,
         num_samples: int | None = None,
@@ -118,6 +129,7 @@ class LLMWrapperBase(ABC):
         self.generate = generate
         self.return_log_probs = return_log_probs
         self.return_logits = return_logits
+        self.return_entropy = return_entropy
         self.score_responses_only = score_responses_only
         self.pad_output = pad_output
         self.chat_template = chat_template
@@ -179,8 +191,10 @@ class LLMWrapperBase(ABC):
         sequences: list[torch.Tensor],
         return_logits: bool = False,
         prompt_lengths: list[int] | None = None,
+        return_entropy: bool = False,
     ) -> ScoreResult:
-        """Log-probs of each sequence, right-padded ``[N, L]`` (position 0 holds 0).
+        """Log-probs of each sequence, right-padded ``[N, L]`` (position 0 holds 0), and the
+        logits or per-token entropies when asked.
 
         With ``prompt_lengths``, only positions from each row's prompt length on are needed;
         a backend may leave the others 0."""
@@ -212,6 +226,7 @@ class LLMWrapperBase(ABC):
                 inputs.full_tokens,
                 return_logits=self.return_logits,
                 prompt_lengths=[len(p) for p in inputs.prompt_tokens] if responses_only else None,
+                return_entropy=self.return_entropy,
             )
             out = write_outputs(self, batch, inputs, scores=scores)
         return out[0] if single else out

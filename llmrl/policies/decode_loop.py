@@ -12,7 +12,11 @@ This loop instead:
 
 The draws follow the same distribution as ``generate`` (temperature, then top-k, then top-p,
 as its logits processors apply them) from a different random stream; greedy decoding picks
-the same tokens. Settings it does not implement (``repetition_penalty``) go to ``generate``.
+the same tokens. Settings it does not implement (``repetition_penalty``) go to ``generate``,
+which then draws with :class:`InverseCDFDraw`: the same filters and draw, as a logits processor.
+
+A ``torch.Generator`` passed in is the only random state a draw uses (a seeded call then
+leaves the global CPU and CUDA generators alone); without one the draws use the global one.
 """
 
 from __future__ import annotations
@@ -47,14 +51,37 @@ def filtered_logits(logits: torch.Tensor, config: GenerationKwargs) -> torch.Ten
     return logits
 
 
-def next_tokens(logits: torch.Tensor, config: GenerationKwargs) -> torch.Tensor:
-    """``[N]`` tokens: the argmax when greedy, else one inverse-CDF draw per row."""
+def next_tokens(
+    logits: torch.Tensor, config: GenerationKwargs, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """``[N]`` tokens: the argmax when greedy, else one inverse-CDF draw per row (uniforms from
+    ``generator``, on the logits' device; None: the global generator)."""
     if not config.do_sample:
         return logits.argmax(-1)
     probs = filtered_logits(logits, config).softmax(-1)
     cdf = probs.cumsum(-1)
-    draw = torch.rand(len(cdf), 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, draw).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    uniform = torch.rand(len(cdf), 1, device=cdf.device, dtype=cdf.dtype, generator=generator)
+    return torch.searchsorted(cdf, uniform * cdf[:, -1:]).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+
+
+class InverseCDFDraw:
+    """llmrl's draw as a ``generate`` logits processor, for ``generate`` run greedy.
+
+    ``generate`` takes no ``torch.Generator``, so a seeded call runs it with
+    ``do_sample=False`` and this last processor: it filters and draws like :func:`next_tokens`
+    with our generator and returns scores that are -inf everywhere but the drawn token, which
+    the greedy argmax then picks. ``output_logits`` stay the raw logits, so log-probs are
+    taken as for any ``generate`` call; processors run eagerly, outside the compiled step.
+    """
+
+    def __init__(self, config: GenerationKwargs, generator: torch.Generator | None) -> None:
+        self.config = config
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        chosen = next_tokens(scores.float(), self.config, self.generator)
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(-1, chosen[:, None], 0.0)
 
 
 @torch.no_grad()
@@ -65,8 +92,10 @@ def decode(
     config: GenerationKwargs,
     eos_token_ids: set[int],
     pad_token_id: int,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample up to ``config.max_new_tokens`` after each left-padded prompt row.
+    """Sample up to ``config.max_new_tokens`` after each left-padded prompt row, drawing from
+    ``generator`` (None: the global generator).
 
     Returns ``[N, T]`` generated ids (``pad_token_id`` after a row's end token) and the
     log-prob of each under the raw logits (0 where padded).
@@ -94,7 +123,7 @@ def decode(
             .logits[:, -1]
             .float()
         )
-        chosen = next_tokens(logits, config)
+        chosen = next_tokens(logits, config, generator)
         tokens[live, step] = chosen
         log_probs[live, step] = token_log_probs(logits, chosen)
         ended = torch.isin(chosen, eos)

@@ -1,5 +1,6 @@
 """Write a policy's results into the output TensorDict, with the same containers for every
-backend: ``history`` (history mode), ``text``, ``tokens``, ``masks``, ``log_probs``.
+backend: ``history`` (history mode), ``text``, ``tokens``, ``masks``, ``log_probs`` (and, when
+scoring and asked, ``logits`` and ``entropy``).
 
 Ragged by default (each row keeps its own length); with ``pad_output=True`` the token-aligned
 containers are padded (prompts left, responses right, see :mod:`llmrl.data.padding`) and
@@ -8,7 +9,7 @@ containers are padded (prompts left, responses right, see :mod:`llmrl.data.paddi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase, lazy_stack
@@ -88,20 +89,7 @@ def _write_scores(
     fulls = inputs.full_tokens
     assert fulls is not None
     prompts = inputs.prompt_tokens
-    full_log_probs = [scores.log_probs[row, : len(full)] for row, full in enumerate(fulls)]
-    if prompts is not None:
-        cut = [len(p) for p in prompts]
-        tokens = Tokens.from_sequences(
-            prompt=prompts, response=[f[c:] for f, c in zip(fulls, cut, strict=True)], full=fulls
-        )
-        log_probs = LogProbs.from_sequences(
-            prompt=[lp[:c] for lp, c in zip(full_log_probs, cut, strict=True)],
-            response=[lp[c:] for lp, c in zip(full_log_probs, cut, strict=True)],
-            full=full_log_probs,
-        )
-    else:
-        tokens = Tokens.from_sequences(full=fulls)
-        log_probs = LogProbs.from_sequences(full=full_log_probs)
+    tokens = _split_like_prompts(Tokens, fulls, prompts)
     assistant = inputs.assistant_masks
     if prompts is not None and assistant is not None:
         split = [(a[: len(p)], a[len(p) :]) for a, p in zip(assistant, prompts, strict=True)]
@@ -109,7 +97,10 @@ def _write_scores(
     else:
         _set_token_aligned(policy, out, tokens, None, None, full_assistant=assistant)
     if policy.return_log_probs:
+        log_probs = _per_token(scores.log_probs, fulls, prompts)
         _set_log_probs(policy, out, log_probs)
+    if scores.entropy is not None:
+        _set_log_probs(policy, out, _per_token(scores.entropy, fulls, prompts), "entropy")
     if scores.logits is not None:
         logits = [scores.logits[row, : len(full)] for row, full in enumerate(fulls)]
         out.set(
@@ -119,6 +110,30 @@ def _write_scores(
     if inputs.full_text is not None and policy.input_mode != "text":
         out.set(policy.keys["text"], Text.from_strings(full=inputs.full_text))
     return out
+
+
+def _per_token(
+    values: torch.Tensor, fulls: list[torch.Tensor], prompts: list[torch.Tensor] | None
+) -> LogProbs:
+    """Right-padded ``[N, L]`` per-token values (log-probs, entropies) as a ragged
+    :class:`LogProbs`, split into prompt and response when the prompts are known."""
+    rows = [values[row, : len(full)] for row, full in enumerate(fulls)]
+    return _split_like_prompts(LogProbs, rows, prompts)
+
+
+def _split_like_prompts(
+    container: type, fulls: list[torch.Tensor], prompts: list[torch.Tensor] | None
+) -> Any:
+    """A ragged token-aligned ``container`` of the ``fulls`` rows, with ``prompt`` and
+    ``response`` fields cut at each prompt's length when the prompts are known."""
+    if prompts is None:
+        return container.from_sequences(full=fulls)
+    cut = [len(p) for p in prompts]
+    return container.from_sequences(
+        prompt=[f[:c] for f, c in zip(fulls, cut, strict=True)],
+        response=[f[c:] for f, c in zip(fulls, cut, strict=True)],
+        full=fulls,
+    )
 
 
 def _set_token_aligned(
@@ -174,7 +189,11 @@ def _ragged_masks(
     return lazy_stack(rows)
 
 
-def _set_log_probs(policy: LLMWrapperBase, out: TensorDictBase, log_probs: LogProbs) -> None:
+def _set_log_probs(
+    policy: LLMWrapperBase, out: TensorDictBase, log_probs: LogProbs, key: str | None = None
+) -> None:
+    """Set per-token values (padded with 0 or ragged, as the policy asks) at ``key`` (default
+    the log-probs key)."""
     if policy.pad_output:
         log_probs, _ = log_probs.pad(0.0)
-    out.set(policy.keys["log_probs"], log_probs)
+    out.set(key or policy.keys["log_probs"], log_probs)

@@ -14,6 +14,9 @@ Two savings over scoring every position of every full sequence:
 
 Both give the log-probs of the plain full pass (to float rounding) in its right-padded layout:
 row ``i``'s response log-probs start at column ``prompt_lengths[i]``; other positions hold 0.
+With ``log_prob_chunk_size`` set, the output layer runs over chunks of positions
+(:mod:`llmrl.policies.chunked_log_probs`): the full ``[rows, positions, vocab]`` logits never
+exist, in forward or backward.
 """
 
 from __future__ import annotations
@@ -21,9 +24,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from llmrl.data import pad_sequences
 from llmrl.models.sharding import is_fully_sharded
+from llmrl.policies.base import ScoreResult
+from llmrl.policies.chunked_log_probs import (
+    DEFAULT_LOG_PROB_CHUNK_SIZE,
+    forward_log_probs,
+    log_probs_from_logits,
+)
 from llmrl.policies.prompt_cache import distinct_rows
 
 
@@ -33,11 +43,19 @@ def score_responses(
     prompt_lengths: list[int],
     pad_token_id: int,
     device: torch.device | str,
-) -> torch.Tensor:
-    """``[N, max len]`` log-probs of each sequence's response tokens (0 elsewhere).
+    *,
+    log_prob_chunk_size: int | None = DEFAULT_LOG_PROB_CHUNK_SIZE,
+    with_entropy: bool = False,
+    share_prompts: bool = True,
+) -> ScoreResult:
+    """``[N, max len]`` log-probs of each sequence's response tokens (0 elsewhere), and their
+    entropies (same layout) when asked.
 
-    Every prompt must be at least one token long and some response non-empty. An FSDP2 model
-    gets one pass (it frees gathered weights after each forward, so two forwards cannot share
+    Every prompt must be at least one token long and some response non-empty. The output layer
+    runs over ``log_prob_chunk_size`` positions at a time (None: all at once, as full logits).
+    ``share_prompts=False`` always takes one pass: needed under activation checkpointing, whose
+    recomputed layers would append to the shared KV cache a second time. An FSDP2 model gets
+    one pass too (it frees gathered weights after each forward, so two forwards cannot share
     one backward).
     """
     prompts = [s[:n] for s, n in zip(sequences, prompt_lengths, strict=True)]
@@ -45,14 +63,23 @@ def score_responses(
     firsts, row_to_prompt = distinct_rows(prompts)
     distinct = [prompts[i] for i in firsts]
     shareable = len(distinct) < len(prompts) and min(len(p) for p in distinct) > 1
-    if shareable and not is_fully_sharded(model):
-        log_probs, response_mask = _shared_prompts(
-            model, distinct, row_to_prompt, responses, pad_token_id, device
+    head = (log_prob_chunk_size, with_entropy)
+    if shareable and share_prompts and not is_fully_sharded(model):
+        log_probs, entropy, response_mask = _shared_prompts(
+            model, distinct, row_to_prompt, responses, pad_token_id, device, head
         )
     else:
-        log_probs, response_mask = _one_pass(model, prompts, responses, pad_token_id, device)
-    log_probs = log_probs.masked_fill(~response_mask, 0.0)
-    return _full_layout(log_probs, prompt_lengths, max(len(s) for s in sequences))
+        log_probs, entropy, response_mask = _one_pass(
+            model, prompts, responses, pad_token_id, device, head
+        )
+    width = max(len(s) for s in sequences)
+
+    def laid_out(values: torch.Tensor) -> torch.Tensor:
+        return _full_layout(values.masked_fill(~response_mask, 0.0), prompt_lengths, width)
+
+    return ScoreResult(
+        log_probs=laid_out(log_probs), entropy=laid_out(entropy) if entropy is not None else None
+    )
 
 
 def _one_pass(
@@ -61,22 +88,31 @@ def _one_pass(
     responses: list[torch.Tensor],
     pad_token_id: int,
     device: torch.device | str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt + response in one forward, the output layer over the response columns."""
+    head: tuple[int | None, bool],
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Prompt + response in one forward, the output layer over the response columns:
+    ``[N, R]`` log-probs, entropies (or None) and the response mask. ``head`` is
+    ``(log_prob_chunk_size, with_entropy)``."""
     prompt_ids, prompt_mask = pad_sequences(prompts, "left", pad_token_id)
     response_ids, response_mask = pad_sequences(responses, "right", pad_token_id)
     width = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)
     mask = torch.cat([prompt_mask, response_mask], dim=1).to(device)
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    # the last `width + 1` columns: the last prompt token predicts the first response token
-    logits = model(
+    # the last `width + 1` columns: the last prompt token predicts the first response token,
+    # the last column predicts nothing (its target is a placeholder)
+    targets = F.pad(response_ids, (0, 1), value=pad_token_id).to(device)
+    log_probs, entropy = _kept_log_probs(
+        model,
+        targets,
+        head,
         input_ids=input_ids,
         attention_mask=mask.long(),
         position_ids=position_ids,
         logits_to_keep=width + 1,
-    ).logits[:, :-1]
-    return token_log_probs(logits, response_ids.to(device)), response_mask.to(device)
+        use_cache=False,  # nothing reuses it, and activation checkpointing can then recompute
+    )
+    return log_probs, entropy, response_mask.to(device)
 
 
 def _shared_prompts(
@@ -86,9 +122,10 @@ def _shared_prompts(
     responses: list[torch.Tensor],
     pad_token_id: int,
     device: torch.device | str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    head: tuple[int | None, bool],
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Each distinct prompt's KV once (all but its last token), then per row the last prompt
-    token and the response on top of that cache."""
+    token and the response on top of that cache (returns as :func:`_one_pass`)."""
     from transformers import DynamicCache
 
     prefix_ids, prefix_mask = pad_sequences([p[:-1] for p in distinct], "left", pad_token_id)
@@ -112,20 +149,33 @@ def _shared_prompts(
     mask = torch.cat([prefix_mask[rows], suffix_mask], dim=1)
     prefix_length = prefix_mask[rows].long().sum(-1, keepdim=True)
     position_ids = prefix_length + torch.arange(suffix_ids.shape[1], device=device)
-    logits = model(
+    log_probs, entropy = _kept_log_probs(
+        model,
+        F.pad(suffix_ids[:, 1:], (0, 1), value=pad_token_id),  # the last column predicts nothing
+        head,
         input_ids=suffix_ids,
         attention_mask=mask.long(),
         position_ids=position_ids,
         past_key_values=cache,
         use_cache=True,
-    ).logits[:, :-1]
-    return token_log_probs(logits, suffix_ids[:, 1:]), suffix_mask[:, 1:]
+    )
+    return log_probs, entropy, suffix_mask[:, 1:]
+
+
+def _kept_log_probs(
+    model: Any, targets: torch.Tensor, head: tuple[int | None, bool], **inputs: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``targets`` at the kept positions but the last."""
+    chunk_size, with_entropy = head
+    log_probs, entropy = forward_log_probs(
+        model, targets, chunk_size=chunk_size, with_entropy=with_entropy, **inputs
+    )
+    return log_probs[:, :-1], entropy[:, :-1] if entropy is not None else None
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[target]`` per position, in float32."""
-    logits = logits.float()
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return log_probs_from_logits(logits, targets)[0]
 
 
 def _full_layout(

@@ -1,13 +1,14 @@
 """`TransformersWrapper`: the llmrl policy API over a Hugging Face causal LM.
 
 Sampling runs llmrl's decode loop (:mod:`llmrl.policies.decode_loop`) on left-padded prompts,
-or ``model.generate`` for the compiled static-KV decode and for settings the loop does not
-implement; the log-prob of each sampled token is taken from the raw logits of that step (the
-model's own distribution, before temperature or top-k/top-p), which is what ``generate=False``
-recomputes with one forward pass. Where the pad
-token is the end-of-sequence token (SmolLM2, Qwen), a response's length comes from the first
-end-of-sequence it emitted (or the stop sequence it completed); that token is kept with its
-log-prob, and only the positions after it are padding.
+or ``model.generate`` for the compiled static-KV decode (the default on CUDA) and for settings
+the loop does not implement; both draw with llmrl's inverse-CDF sampler, and a seeded call from
+a ``torch.Generator`` of its own (the global CPU and CUDA generators are left alone). The
+log-prob of each sampled token is taken from the raw logits of that step (the model's own
+distribution, before temperature or top-k/top-p), which is what ``generate=False`` recomputes
+with one forward pass. Where the pad token is the end-of-sequence token (SmolLM2, Qwen), a
+response's length comes from the first end-of-sequence it emitted (or the stop sequence it
+completed); that token is kept with its log-prob, and only the positions after it are padding.
 
 Example:
     >>> policy = TransformersWrapper(model, tokenizer, generate_kwargs={"max_new_tokens": 32})
@@ -18,25 +19,36 @@ Example:
 from __future__ import annotations
 
 import functools
-from contextlib import nullcontext
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from llmrl.data import pad_sequences
+from llmrl.models.activation_checkpointing import uses_activation_checkpointing
 from llmrl.policies import decode_loop
 from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
+from llmrl.policies.chunked_log_probs import (
+    DEFAULT_LOG_PROB_CHUNK_SIZE,
+    forward_log_probs,
+    log_probs_from_logits,
+)
 from llmrl.policies.generation_kwargs import GenerationKwargs
 from llmrl.policies.prompt_cache import shared_prompt_cache
 from llmrl.policies.response_scoring import score_responses, token_log_probs
 from llmrl.policies.static_decode import (
     decode_compile_config,
+    resolve_compile_decode,
     static_cache_length,
     static_decode_cache,
 )
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 class TransformersWrapper(LLMWrapperBase):
@@ -47,7 +59,14 @@ class TransformersWrapper(LLMWrapperBase):
 
     ``compile_decode=True`` samples with a static KV cache and a ``torch.compile``d decode step
     (:mod:`llmrl.policies.static_decode`): the same tokens and log-probs, faster once the
-    first call has paid for compiling.
+    first call has paid for compiling (logged once and kept in ``compile_seconds``).
+    ``None`` (the default) turns it on for a model on CUDA, where it is several times faster,
+    and off elsewhere, where the decode loop is faster.
+
+    Scoring (``generate=False``) runs the output layer over ``log_prob_chunk_size`` positions
+    at a time (:mod:`llmrl.policies.chunked_log_probs`): the fp32 ``[rows, positions, vocab]``
+    logits never exist at once, in forward or backward, for one extra output-layer matmul per
+    chunk in backward. ``None`` computes full logits (as ``return_logits=True`` always does).
     """
 
     def __init__(
@@ -55,18 +74,26 @@ class TransformersWrapper(LLMWrapperBase):
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        compile_decode: bool = False,
+        compile_decode: bool | None = None,
+        log_prob_chunk_size: int | None = DEFAULT_LOG_PROB_CHUNK_SIZE,
         **kwargs: Any,
     ) -> None:
         super().__init__(tokenizer, **kwargs)
         self.model = model
         self.compile_decode = compile_decode
+        if log_prob_chunk_size is not None and log_prob_chunk_size < 1:
+            raise ValueError(f"log_prob_chunk_size must be >= 1 or None, got {log_prob_chunk_size}")
+        self.log_prob_chunk_size = log_prob_chunk_size
+        self.compile_seconds: float | None = None  # the first compiled call's time, compile incl.
 
     def get_new_version(self, **changes: Any) -> TransformersWrapper:
-        """See :meth:`LLMWrapperBase.get_new_version`; ``compile_decode`` may change too."""
+        """See :meth:`LLMWrapperBase.get_new_version`; ``compile_decode`` and
+        ``log_prob_chunk_size`` may change too."""
         compile_decode = changes.pop("compile_decode", self.compile_decode)
+        chunk_size = changes.pop("log_prob_chunk_size", self.log_prob_chunk_size)
         twin = super().get_new_version(**changes)
         twin.compile_decode = compile_decode
+        twin.log_prob_chunk_size = chunk_size
         return twin
 
     @property
@@ -91,28 +118,39 @@ class TransformersWrapper(LLMWrapperBase):
         self, prompts: list[torch.Tensor], config: GenerationKwargs
     ) -> list[GeneratedSample]:
         input_ids, attention_mask = pad_sequences(prompts, "left", self.pad_token_id)
-        # A seed makes this call reproducible without touching the caller's global RNG.
-        rng = torch.random.fork_rng(devices=[]) if config.seed is not None else nullcontext()
-        with rng:
-            if config.seed is not None:
-                torch.manual_seed(config.seed)
-            return self._sample(input_ids, attention_mask, config)
+        # A seed makes this call reproducible (same batch, same device) from a generator of its
+        # own: the caller's global CPU and CUDA generators are neither reseeded nor advanced.
+        generator = None
+        if config.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(config.seed)
+        return self._sample(input_ids, attention_mask, config, generator)
 
     def _sample(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationKwargs
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        config: GenerationKwargs,
+        generator: torch.Generator | None,
     ) -> list[GeneratedSample]:
         # G samples per prompt as G rows (the order generate would use), so that every
         # distinct prompt is prefilled once and its KV cache shared by its rows.
         samples = config.num_return_sequences
         input_ids = input_ids.repeat_interleave(samples, 0).to(self.device)
         attention_mask = attention_mask.long().repeat_interleave(samples, 0).to(self.device)
-        if self.compile_decode or not decode_loop.supports(config):
+        compiled = resolve_compile_decode(self.compile_decode, self.device)
+        if compiled or not decode_loop.supports(config):
             generated, log_probs = self._generate_with_transformers(
-                input_ids, attention_mask, config
+                input_ids, attention_mask, config, generator, compiled
             )
         else:
             generated, log_probs = decode_loop.decode(
-                self.model, input_ids, attention_mask, config, self.eos_token_ids, self.pad_token_id
+                self.model,
+                input_ids,
+                attention_mask,
+                config,
+                self.eos_token_ids,
+                self.pad_token_id,
+                generator,
             )
         lengths, finished = self._response_lengths(generated, config)
         return [
@@ -125,21 +163,33 @@ class TransformersWrapper(LLMWrapperBase):
         ]
 
     def _generate_with_transformers(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationKwargs
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        config: GenerationKwargs,
+        generator: torch.Generator | None,
+        compiled: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``model.generate`` on rows already repeated G times: ``[N, T]`` ids and log-probs
-        (the static-KV compiled decode, and settings the decode loop does not implement)."""
-        kwargs = config.to_transformers()
+        (the static-KV compiled decode, and settings the decode loop does not implement).
+
+        ``generate`` takes no generator, so it runs greedy and samples through
+        :class:`~llmrl.policies.decode_loop.InverseCDFDraw`, its last logits processor (after
+        ``repetition_penalty``): our draw, from ``generator``, as in the decode loop."""
+        kwargs = config.replace(do_sample=False, temperature=None).to_transformers()
         kwargs.pop("num_return_sequences", None)
+        if config.do_sample:
+            kwargs["logits_processor"] = [decode_loop.InverseCDFDraw(config, generator)]
         if config.stop_sequences:
             kwargs["tokenizer"] = self.tokenizer
         cache = shared_prompt_cache(self.model, input_ids, attention_mask)
-        if self.compile_decode:
+        if compiled:
             length = static_cache_length(input_ids.shape[1], config.max_new_tokens)
             cache = static_decode_cache(self.model, length, prefix=cache)
             kwargs["compile_config"] = self._compile_config
         if cache is not None:
             kwargs["past_key_values"] = cache
+        tick = time.perf_counter()
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -149,6 +199,12 @@ class TransformersWrapper(LLMWrapperBase):
             return_dict_in_generate=True,
             **kwargs,
         )
+        if compiled and self.compile_seconds is None:
+            self.compile_seconds = time.perf_counter() - tick
+            logger.info(
+                "compiled decode: first call took %.1f s, compiling the decode step included",
+                self.compile_seconds,
+            )
         generated = out.sequences[:, input_ids.shape[1] :]
         return generated, _step_log_probs(out.logits, generated)
 
@@ -157,6 +213,7 @@ class TransformersWrapper(LLMWrapperBase):
         sequences: list[torch.Tensor],
         return_logits: bool = False,
         prompt_lengths: list[int] | None = None,
+        return_entropy: bool = False,
     ) -> ScoreResult:
         if (
             prompt_lengths is not None
@@ -164,22 +221,49 @@ class TransformersWrapper(LLMWrapperBase):
             and min(prompt_lengths, default=0) > 0
             and any(len(s) > n for s, n in zip(sequences, prompt_lengths, strict=True))
         ):
-            log_probs = score_responses(
-                self.model, sequences, prompt_lengths, self.pad_token_id, self.device
+            return score_responses(
+                self.model,
+                sequences,
+                prompt_lengths,
+                self.pad_token_id,
+                self.device,
+                log_prob_chunk_size=self.log_prob_chunk_size,
+                with_entropy=return_entropy,
+                # a pass that writes the shared KV cache cannot be recomputed in backward
+                share_prompts=not uses_activation_checkpointing(self.model),
             )
-            return ScoreResult(log_probs=log_probs)
         input_ids, mask = pad_sequences(sequences, "right", self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(
-            input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids
-        ).logits.float()
-        targets = input_ids[:, 1:]
-        token_logits = logits[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        log_probs = token_logits - logits[:, :-1].logsumexp(-1)
-        log_probs = torch.cat([log_probs.new_zeros(len(sequences), 1), log_probs], dim=1)
-        log_probs = log_probs.masked_fill(~mask, 0.0)
-        return ScoreResult(log_probs=log_probs, logits=logits if return_logits else None)
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": mask.long(),
+            "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0),
+            "use_cache": False,  # nothing reuses it; activation checkpointing can recompute
+        }
+        # position t predicts token t + 1; the last position's target is a placeholder
+        targets = F.pad(input_ids[:, 1:], (0, 1), value=self.pad_token_id)
+        logits = None
+        if return_logits:  # asked for: materialised whatever the chunk size
+            logits = self.model(**inputs).logits.float()
+            log_probs, entropy = log_probs_from_logits(logits, targets, return_entropy)
+        else:
+            log_probs, entropy = forward_log_probs(
+                self.model,
+                targets,
+                chunk_size=self.log_prob_chunk_size,
+                with_entropy=return_entropy,
+                **inputs,
+            )
+
+        def per_token(values: torch.Tensor) -> torch.Tensor:  # token t's value sits at t
+            values = torch.cat([values.new_zeros(len(sequences), 1), values[:, :-1]], dim=1)
+            return values.masked_fill(~mask, 0.0)
+
+        return ScoreResult(
+            log_probs=per_token(log_probs),
+            logits=logits,
+            entropy=per_token(entropy) if entropy is not None else None,
+        )
 
     def _response_lengths(
         self, generated: torch.Tensor, config: GenerationKwargs

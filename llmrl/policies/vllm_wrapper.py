@@ -52,8 +52,8 @@ class vLLMWrapper(LLMWrapperBase):
             object with ``generate`` and ``prompt_log_probs`` methods like
             :class:`VLLMEngine`'s, or a list of these (the batch is split over them).
         tokenizer: the model's tokenizer (prompts are tokenized here, vLLM gets token ids).
-        **kwargs: :class:`LLMWrapperBase` settings. ``return_logits=True`` is refused when
-            scoring: vLLM does not return logits.
+        **kwargs: :class:`LLMWrapperBase` settings. ``return_logits=True`` and
+            ``return_entropy=True`` are refused when scoring: vLLM returns neither.
 
     Raises:
         MissingExtraError: a model spec was given and vLLM is not installed.
@@ -126,14 +126,16 @@ class vLLMWrapper(LLMWrapperBase):
         sequences: list[torch.Tensor],
         return_logits: bool = False,
         prompt_lengths: list[int] | None = None,
+        return_entropy: bool = False,
     ) -> ScoreResult:
         """Prompt log-probs from the engines (all positions: ``prompt_lengths`` saves nothing
         there)."""
-        if return_logits:
-            raise ValueError(
-                "vLLM does not return logits; score with return_logits=False, or use "
-                "TransformersWrapper to get logits (and gradients)"
-            )
+        for name, asked in (("logits", return_logits), ("entropy", return_entropy)):
+            if asked:
+                raise ValueError(
+                    f"vLLM does not return {name}; score with return_{name}=False, or use "
+                    f"TransformersWrapper to get {name} (and gradients)"
+                )
         rows = self._split_call("prompt_log_probs", [s.tolist() for s in sequences])
         width = max((len(s) for s in sequences), default=0)
         log_probs = torch.zeros(len(sequences), width, dtype=torch.float32)

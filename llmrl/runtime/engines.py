@@ -41,7 +41,7 @@ class TransformersEngine:
             the same config draws the same samples (None: unseeded). Every sampling call of
             the actor draws from that one stream, so steps stay independent draws.
         compile_decode: sample with the compiled static-KV decode
-            (:mod:`llmrl.policies.static_decode`).
+            (:mod:`llmrl.policies.static_decode`); None: on for a CUDA engine, off on a CPU.
     """
 
     model: str
@@ -52,7 +52,7 @@ class TransformersEngine:
     batching_timeout_s: float = 0.5
     threads: int | None = None
     seed: int | None = None
-    compile_decode: bool = False
+    compile_decode: bool | None = None
 
     def __call__(self) -> Any:
         from llmrl.models import load_model, load_tokenizer
@@ -119,12 +119,12 @@ def start_engines(
     threads: int | None,
     runtime_env: dict[str, Any] | None,
     seed: int | None = None,
-    compile_decode: bool = False,
+    compile_decode: bool | None = None,
 ) -> EngineSet:
     """The engines of ``topology``: factories for the inference actors and, with vLLM, the
     ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine ``i`` samples
     with seed ``seed + i`` (None: unseeded); transformers engines use the compiled decode when
-    ``compile_decode``."""
+    ``compile_decode`` (None: the engines on a GPU do)."""
     inference = topology.inference
 
     def engine_seed(index: int) -> int | None:

@@ -22,6 +22,7 @@ from tensordict import TensorDictBase
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.train import distributed
+from llmrl.train.precision import TrainingPrecision
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class TrainerRank:
         self.reference: Any = None
         self.weight_updater: Any = None
         self.checkpoints: Any = None
+        self.precision = TrainingPrecision.of(config.model)
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port on it (asked of rank 0 for the group)."""
@@ -69,10 +71,10 @@ class TrainerRank:
     def setup(self, address: str, port: int, resume_from: str | None) -> int:
         """Join the group, build the model (from ``resume_from``'s weights when given), wrap it
         for the strategy and build the optimizer; returns the rank's parameter count."""
-        from llmrl.models import load_model, load_tokenizer
+        from llmrl.models import load_tokenizer
         from llmrl.train.grpo_trainer import GRPOTrainer
-        from llmrl.train.lora import apply_lora
         from llmrl.train.stage import seed_everything
+        from llmrl.train.trainable_model import load_trainable_model
 
         config = self.config
         seed_everything(config.seed)  # every rank alike: the same LoRA init, the same draws
@@ -80,14 +82,14 @@ class TrainerRank:
             self.rank, self.world_size, address, port, config.runtime.collective_timeout_s
         )
         self.tokenizer = load_tokenizer(config.model.spec)
-        model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
-        model = apply_lora(model, config.lora)
-        model.eval()  # no dropout: sampling and training log-probs see the same network
-        if resume_from is not None:
+        if self.rank == 0:
+            self.precision.warn_if_pure()
+        model = load_trainable_model(config.model, config.lora)  # float32 masters when mixed
+        if resume_from is not None:  # its masters too: the exact weights it stopped at
             from llmrl.train.checkpoint import CheckpointManager
 
             CheckpointManager(self.config.checkpoint.dir).load(resume_from, model=model)
-        wrapped = distributed.wrap_model(model, self.strategy)
+        wrapped = distributed.wrap_model(model, self.strategy, self.precision.fsdp_policy())
         self.trainer = GRPOTrainer(config, wrapped, self.tokenizer, self.total_optimizer_steps)
         if resume_from is not None:
             self._load_training_state(resume_from)
@@ -134,11 +136,12 @@ class TrainerRank:
         return self.trainer.train(shard, minibatches, step=step, stand_in_only=stand_in_only)
 
     def push_weights(self, version: int) -> int:
-        """Send the current weights to the engines as ``version``; bytes sent (rank 0)."""
+        """Send the current weights, cast to ``model.dtype``, to the engines as ``version``;
+        bytes sent (rank 0)."""
         weights = distributed.full_state_dict(self.trainer.model)  # collective under FSDP
         if self.rank != 0:
             return 0
-        return self.weight_updater.push(weights, version=version).bytes
+        return self.weight_updater.push(self.precision.export(weights), version=version).bytes
 
     def restore_engine(self, old: Any, new: Any) -> bool:
         """Rank 0: load the last pushed weights into a rebuilt inference actor ``new``;
@@ -149,12 +152,14 @@ class TrainerRank:
         """Write the checkpoint of ``step`` (rank 0 writes; every rank gathers); its path."""
         model = self.trainer.model
         sharded = distributed.is_fully_sharded(model)
-        model_state = None
+        full = None
         if sharded:  # save_pretrained cannot read a sharded model: give it the gathered weights
-            model_state = _without_tied_copies(model, distributed.full_state_dict(model))
+            full = _without_tied_copies(model, distributed.full_state_dict(model))
         optimizer_state = distributed.full_optimizer_state(model, self.trainer.optimizer)
         if self.rank != 0:
             return None
+        # model/ in model.dtype; the float32 masters beside it under mixed precision
+        model_state, masters = self.precision.checkpoint_weights(distributed.unwrap(model), full)
         if self.checkpoints is None:
             from llmrl.train.checkpoint import CheckpointManager
 
@@ -174,6 +179,7 @@ class TrainerRank:
             extra=extra,
             metrics=metrics,
             model_state=model_state,
+            master_weights=masters,
         )
         return str(path)
 

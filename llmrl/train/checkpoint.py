@@ -8,7 +8,9 @@ A checkpoint is a directory ``<directory>/step-000120/`` holding:
   the model is neither copied nor modified), and ``adapter/`` holds the adapter's own
   ``save_pretrained``.
 * ``training_state.pt`` -- optimizer and scheduler state dicts and the torch / CUDA / python
-  ``random`` / numpy RNG states (``torch.save``; loadable with ``weights_only=True``).
+  ``random`` / numpy RNG states (``torch.save``; loadable with ``weights_only=True``); under
+  mixed precision also the float32 master weights (``model/`` holds them cast to
+  ``model.dtype``), which :meth:`CheckpointManager.load` puts back so a resume is exact.
 * ``trainer_state.json`` -- step, loop-specific ``extra`` state, metrics, time, llmrl version.
 * ``COMPLETE`` -- written last; a directory without it is never resumed from.
 
@@ -146,6 +148,7 @@ class CheckpointManager:
         extra: dict | None = None,
         metrics: dict | None = None,
         model_state: dict[str, torch.Tensor] | None = None,
+        master_weights: dict[str, torch.Tensor] | None = None,
     ) -> Path:
         """Write the checkpoint for ``step`` atomically, then prune old ones; return its path.
 
@@ -153,7 +156,9 @@ class CheckpointManager:
         saving does not shift what the training loop draws next. ``optimizer`` may be an
         optimizer or its state dict already gathered (a sharded trainer's); ``model_state``
         replaces the model's own state dict in ``model/`` (the gathered weights of a sharded
-        model).
+        model, or weights cast to the model's dtype); ``master_weights`` (the full-precision
+        weights of a mixed-precision trainer, by state-dict name) go into ``training_state.pt``
+        and are loaded back over ``model/``'s by :meth:`load`.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -180,7 +185,9 @@ class CheckpointManager:
         staging.mkdir()
         try:
             self._write_model(staging, model, tokenizer, model_state)
-            self._write_training_state(staging / TRAINING_STATE_FILE, optimizer, scheduler, rng)
+            self._write_training_state(
+                staging / TRAINING_STATE_FILE, optimizer, scheduler, rng, master_weights
+            )
             fault_point("checkpoint_write", step)  # crash tests: weights written, no marker
             (staging / TRAINER_STATE_FILE).write_text(trainer_json)
             (staging / COMPLETE_MARKER).write_text(f"step {step}\n")
@@ -214,12 +221,16 @@ class CheckpointManager:
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
 
-    def _write_training_state(self, path: Path, optimizer: Any, scheduler: Any, rng: dict) -> None:
+    def _write_training_state(
+        self, path: Path, optimizer: Any, scheduler: Any, rng: dict, master_weights: dict | None
+    ) -> None:
         state = {
             "optimizer": optimizer if isinstance(optimizer, dict) else _state_of(optimizer),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng,
         }
+        if master_weights is not None:
+            state["master_weights"] = {k: v.detach().cpu() for k, v in master_weights.items()}
         torch.save(state, path)
 
     def _publish(self, staging: Path, target: Path) -> None:
@@ -293,7 +304,8 @@ class CheckpointManager:
         """Restore what is passed (model weights, optimizer, scheduler, RNG) from ``path``.
 
         Into a ``peft.PeftModel`` the adapter weights from ``adapter/`` are loaded; into a plain
-        model, the (merged) weights from ``model/``.
+        model, the (merged) weights from ``model/``, then the master weights when the
+        checkpoint has them (a mixed-precision trainer's).
         """
         path = Path(path)
         if not path.is_dir():
@@ -304,10 +316,14 @@ class CheckpointManager:
                 f"(no {COMPLETE_MARKER} marker); resume from a complete one instead"
             )
         info = json.loads((path / TRAINER_STATE_FILE).read_text())
+        training = None
         if model is not None:
             _load_model_weights(path, model)
+            if not _is_peft(model):
+                training = read_training_state(path)
+                _load_master_weights(path, model, training.get("master_weights"))
         if optimizer is not None or scheduler is not None or restore_rng:
-            training = read_training_state(path)
+            training = training if training is not None else read_training_state(path)
             for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
                 if target is None:
                     continue
@@ -358,11 +374,22 @@ def _load_model_weights(path: Path, model: Any) -> None:
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         weights.update(load_file(file))
+    _load_all(model, weights, f"checkpoint {path}")
+
+
+def _load_master_weights(path: Path, model: Any, masters: dict | None) -> None:
+    """Put a mixed-precision trainer's float32 weights back over ``model/``'s cast ones."""
+    if masters is not None:
+        _load_all(model, masters, f"master weights of checkpoint {path}")
+
+
+def _load_all(model: Any, weights: dict[str, torch.Tensor], what: str) -> None:
+    """``weights`` into ``model``, every parameter covered (tied ones through their twin)."""
     result = model.load_state_dict(weights, strict=False)
     missing = _untied(model, set(result.missing_keys), loaded=set(weights))
     if missing or result.unexpected_keys:
         raise ValueError(
-            f"checkpoint {path} does not match the model: missing {sorted(missing)[:5]}, "
+            f"{what} does not match the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(result.unexpected_keys)[:5]}"
         )
 

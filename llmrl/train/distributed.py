@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llmrl.models.layers import decoder_layers
 from llmrl.models.sharding import is_fully_sharded
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,10 @@ def init_group(rank: int, world_size: int, address: str, port: int, timeout_s: f
     return backend
 
 
-def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
-    """The module the loss calls: DDP around ``model``, or ``model`` itself sharded by FSDP2."""
+def wrap_model(model: torch.nn.Module, strategy: str, mp_policy: Any = None) -> torch.nn.Module:
+    """The module the loss calls: DDP around ``model``, or ``model`` itself sharded by FSDP2
+    (with ``mp_policy``, FSDP2's ``MixedPrecisionPolicy``, when given: see
+    :meth:`llmrl.train.precision.TrainingPrecision.fsdp_policy`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; options: {list(STRATEGIES)}")
     if strategy == "single":
@@ -61,9 +64,14 @@ def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
 
         device = "cuda" if next(model.parameters()).is_cuda else "cpu"
         mesh = init_device_mesh(device, (dist.get_world_size(),))
-        for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        options = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
+        try:
+            layers = decoder_layers(model)
+        except ValueError as error:
+            raise ValueError(f"{error}; FSDP shards them one by one: use strategy 'ddp'") from None
+        for layer in layers:
+            fully_shard(layer, **options)
+        fully_shard(model, **options)
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -155,18 +163,3 @@ def leave_group() -> None:
     """Destroy the process group (idempotent)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks FSDP shards one by one (``model.model.layers`` for HF decoders)."""
-    base = model
-    if hasattr(base, "get_base_model"):  # peft
-        base = base.get_base_model()
-    inner = getattr(base, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise ValueError(
-            f"cannot find the decoder layers of {type(base).__name__} to shard with FSDP "
-            "(expected `model.model.layers`); use strategy 'ddp'"
-        )
-    return list(layers)

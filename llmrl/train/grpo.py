@@ -107,6 +107,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                         reward=f"{metrics['reward_mean']:.3f}",
                         loss=f"{metrics.get('loss', math.nan):.4f}",
                         version=metrics["policy_version"],
+                        mem=f"{metrics.get('peak_memory_mb', math.nan):.0f}MB",
                     )
                     if done % config.tracking.log_samples_every == 0 or done == start + 1:
                         tracker.log_table(sample_rows(batch), name="samples", step=done)

@@ -27,6 +27,10 @@ Their count ``m`` is the largest part any rank got over ``micro_batch_size`` (ro
 turn of a multi-turn episode), the same on every rank; DDP and FSDP synchronise the gradients
 on the last micro-batch only.
 
+**Precision.** With ``model.dtype: bfloat16`` the model holds float32 master weights and AdamW
+state, and the loss forward runs under bfloat16 autocast (FSDP2: its mixed-precision policy);
+see :mod:`llmrl.train.precision`. The backward runs outside autocast, as torch recommends.
+
 **The ratio's anchor with truncated importance sampling.** With ``loss.tis_cap`` the PPO
 ratio's anchor is the training model's log-probs of the batch before its first update (the
 proximal policy; the TIS weight ``min(exp(anchor - sampling), tis_cap)`` corrects from the
@@ -53,6 +57,8 @@ from llmrl.policies import TransformersWrapper
 from llmrl.train import distributed
 from llmrl.train.faults import fault_point
 from llmrl.train.optim import build_optimizer
+from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
+from llmrl.train.precision import TrainingPrecision
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +97,14 @@ class GRPOTrainer:
     ) -> None:
         self.config = config
         self.model = model
+        self.precision = TrainingPrecision.of(config.model)
         actor = TransformersWrapper(
-            model, tokenizer, generate=False, input_mode="tokens", pad_output=True
+            model,
+            tokenizer,
+            generate=False,
+            input_mode="tokens",
+            pad_output=True,
+            log_prob_chunk_size=config.model.log_prob_chunk_size,
         )
         self.loss_fn = GRPOLoss(
             actor,
@@ -118,13 +130,15 @@ class GRPOTrainer:
     ) -> dict[str, float]:
         """``updates_per_step`` passes of ``minibatches`` optimizer steps over this rank's
         ``shard``; returns loss metrics (global over the ranks), ``grad_norm``, ``lr``,
-        ``skipped_updates`` (non-finite, not applied) and the seconds spent in the loss forward,
-        backward and optimizer.
+        ``skipped_updates`` (non-finite, not applied), the seconds spent in the loss forward,
+        backward and optimizer, and ``peak_memory_mb`` (the largest of any rank:
+        :mod:`llmrl.train.peak_memory`).
 
         ``stand_in_only``: the batch had fewer groups than ranks and ``shard`` is a copy of
         another rank's rows, trained on with weight 0 (this rank only joins the collectives).
         ``step`` (1-based) names the training step for :mod:`llmrl.train.faults`.
         """
+        reset_peak_memory(self.config.model.device)
         sums: dict[str, float] = {}
         seconds = {"loss_forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         stand_in = shard[:1]
@@ -149,7 +163,8 @@ class GRPOTrainer:
         count = self.config.updates_per_step * minibatches
         skipped = sums.pop("skipped", 0.0)
         means = {name: total / count for name, total in sums.items()}
-        return {**means, **seconds, "skipped_updates": skipped}
+        peak = distributed.all_reduce_max(round(peak_memory_mb(self.config.model.device)))
+        return {**means, **seconds, "skipped_updates": skipped, "peak_memory_mb": float(peak)}
 
     def micro_batches(self, rows: int) -> int:
         """Forward/backward passes per optimizer step when this rank's largest part of a
@@ -169,7 +184,8 @@ class GRPOTrainer:
     def _with_anchor(self, batch: TensorDictBase) -> TensorDictBase:
         """A shallow copy of ``batch`` with the current log-probs at :data:`ANCHOR_KEY`."""
         batch = batch.copy()
-        batch.set(ANCHOR_KEY, self.loss_fn.anchor_log_probs(batch))
+        with self.precision.autocast(self.model):
+            batch.set(ANCHOR_KEY, self.loss_fn.anchor_log_probs(batch))
         return batch
 
     def _update(
@@ -190,7 +206,8 @@ class GRPOTrainer:
         for index, micro in enumerate(micros):
             stand_in = empty or micro.batch_size[0] == 0
             tick = time.perf_counter()
-            out = self.loss_fn(batch[:1] if stand_in else micro)
+            with self.precision.autocast(self.model):  # bf16 compute over float32 masters
+                out = self.loss_fn(batch[:1] if stand_in else micro)
             names = [name for name in LOSS_METRICS if getattr(out, name) is not None]
             local = 0.0 if stand_in else float(out.normalizer.detach())
             values = [float(out.loss.detach()), *(float(getattr(out, n).detach()) for n in names)]

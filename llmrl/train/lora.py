@@ -19,8 +19,13 @@ from llmrl.config.common import LoraSettings
 from llmrl.models.errors import MissingExtraError
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
-    """Wrap ``model`` with LoRA adapters when ``settings.enabled`` (else return it as is)."""
+def apply_lora(
+    model: torch.nn.Module, settings: LoraSettings, float32_adapters: bool = True
+) -> torch.nn.Module:
+    """Wrap ``model`` with LoRA adapters when ``settings.enabled`` (else return it as is).
+
+    ``float32_adapters``: adapters of a bfloat16/float16 base are float32 (mixed precision: they
+    are the trained master weights); False keeps them in the base's dtype."""
     if not settings.enabled:
         return model
     try:
@@ -34,7 +39,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         target_modules=list(settings.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    return get_peft_model(model, config, autocast_adapter_dtype=float32_adapters)
 
 
 def is_peft_model(model: Any) -> bool:
@@ -47,7 +52,8 @@ def is_peft_model(model: Any) -> bool:
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The state dict of ``model`` (a ``peft.PeftModel`` with LoRA adapters) merged into a
     plain model: the base model's names, each adapted weight ``W + sum_a scale_a * B_a @ A_a``
-    over the active adapters, as ``merge_and_unload()`` would compute it, in ``W``'s dtype.
+    over the active adapters, summed in float32 and cast to ``W``'s dtype once (peft's
+    ``merge_and_unload()`` rounds the delta to ``W``'s dtype before adding it: twice).
 
     The tensors of layers without adapters are the model's own (detached, not copied); the
     model is left exactly as it was.
@@ -65,6 +71,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
             continue  # a merged layer's base weight already holds its adapters
         key = f"{module_name}.base_layer.weight"
         weight = state[key]
+        merged = weight.float()
         for adapter in module.active_adapters:
             if adapter not in module.lora_A:
                 continue
@@ -80,8 +87,8 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
                     f"{module_name}: adapter {adapter!r} has lora_bias; only plain LoRA "
                     "adapters are merged weight by weight"
                 )
-            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-        state[key] = weight
+            merged = merged + module.get_delta_weight(adapter).float()
+        state[key] = merged.to(weight.dtype)
     extra = [name for name in state if "modules_to_save" in name or "original_module" in name]
     if extra:
         raise ValueError(

@@ -18,9 +18,11 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -30,12 +32,13 @@ from llmrl.config.sft import SFTConfig
 from llmrl.data import ChatHistory, History
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks import Problem, Task
-from llmrl.models import load_model, load_tokenizer
+from llmrl.models import load_tokenizer
 from llmrl.objectives import SFTLoss, SFTLossOutput
 from llmrl.policies import TransformersWrapper
 from llmrl.train.frozen_reference import FrozenReference
-from llmrl.train.lora import apply_lora
 from llmrl.train.optim import build_optimizer
+from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
+from llmrl.train.precision import TrainingPrecision
 from llmrl.train.stage import (
     log_prepared_data,
     open_checkpoints,
@@ -45,6 +48,7 @@ from llmrl.train.stage import (
     stage_tracker,
     step_bar,
 )
+from llmrl.train.trainable_model import load_trainable_model
 
 logger = logging.getLogger(__name__)
 
@@ -147,10 +151,16 @@ def run_sft(config: SFTConfig) -> SFTResult:
     )
     evals = chat_examples(eval_rows[: config.data.max_eval_rows], task) if eval_rows else []
 
-    model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
-    model = apply_lora(model, config.lora)
-    model.eval()  # no dropout: the same numbers in training and sampling
-    actor = TransformersWrapper(model, tokenizer, generate=False, pad_output=True)
+    precision = TrainingPrecision.of(config.model)
+    precision.warn_if_pure()
+    model = load_trainable_model(config.model, config.lora)  # float32 masters when mixed
+    actor = TransformersWrapper(
+        model,
+        tokenizer,
+        generate=False,
+        pad_output=True,
+        log_prob_chunk_size=config.model.log_prob_chunk_size,
+    )
     loss_fn = SFTLoss(
         actor,
         loss_function=config.loss_function,
@@ -165,7 +175,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
         if config.reference
         else None
     )
-    score = SFTScorer(loss_fn, reference)
+    score = SFTScorer(loss_fn, reference, lambda: precision.autocast(model))
     optimizer, scheduler = build_optimizer(model, config.optimizer, config.steps)
     batches = ChatBatches(train, config.batch_size, config.seed)
     checkpoints, state = open_checkpoints(config.checkpoint, model, optimizer, scheduler)
@@ -183,6 +193,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
         bar = step_bar("sft", start, config.steps, config.progress)
         for step in bar:
             step_started = time.perf_counter()
+            reset_peak_memory(config.model.device)
             total = 0.0
             parts: dict[str, float] = {}
             for _ in range(config.grad_accum):
@@ -209,13 +220,22 @@ def run_sft(config: SFTConfig) -> SFTResult:
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             done = step + 1
-            metrics.update(skipped_steps=skipped, step_seconds=time.perf_counter() - step_started)
+            metrics.update(
+                skipped_steps=skipped,
+                step_seconds=time.perf_counter() - step_started,
+                peak_memory_mb=peak_memory_mb(config.model.device),
+            )
             if evals and (done % config.eval_every == 0 or done == config.steps):
                 eval_loss = _eval_loss(score, evals, config)
                 metrics["eval_loss"] = eval_loss
             tracker.log_metrics(metrics, step=done)
-            bar.set_postfix(loss=f"{total:.3f}", eval=f"{eval_loss:.3f}" if eval_loss else "-")
+            bar.set_postfix(
+                loss=f"{total:.3f}",
+                eval=f"{eval_loss:.3f}" if eval_loss else "-",
+                mem=f"{metrics['peak_memory_mb']:.0f}MB",
+            )
             if done % config.checkpoint.every == 0 or done == config.steps:
+                model_state, masters = precision.checkpoint_weights(model)
                 path = checkpoints.save(
                     done,
                     model,
@@ -228,6 +248,8 @@ def run_sft(config: SFTConfig) -> SFTResult:
                         "mlflow_run_id": tracker.run_id,
                     },
                     metrics={"eval_loss": eval_loss if eval_loss is not None else total},
+                    model_state=model_state,
+                    master_weights=masters,
                 )
                 tracker.log_checkpoint(path, done)
         final = checkpoints.latest()
@@ -243,16 +265,24 @@ def run_sft(config: SFTConfig) -> SFTResult:
 
 
 class SFTScorer:
-    """The stage's loss on a micro-batch: the reference's log-probs first, when there is one."""
+    """The stage's loss on a micro-batch: the reference's log-probs first, when there is one,
+    both under ``autocast`` (the compute dtype of mixed precision; see
+    :class:`~llmrl.train.precision.TrainingPrecision`)."""
 
-    def __init__(self, loss_fn: SFTLoss, reference: FrozenReference | None) -> None:
-        self.loss_fn, self.reference = loss_fn, reference
+    def __init__(
+        self,
+        loss_fn: SFTLoss,
+        reference: FrozenReference | None,
+        autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
+        self.loss_fn, self.reference, self.autocast = loss_fn, reference, autocast
 
     def __call__(self, batch: TensorDict) -> SFTLossOutput:
         """The :class:`SFTLossOutput` of ``batch``."""
-        if self.reference is not None:
-            batch = self.reference(batch)
-        return self.loss_fn(batch)
+        with self.autocast():
+            if self.reference is not None:
+                batch = self.reference(batch)
+            return self.loss_fn(batch)
 
 
 def loss_parts(out: SFTLossOutput) -> dict[str, float]:

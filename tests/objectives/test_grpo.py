@@ -21,6 +21,7 @@ import torch
 
 from llmrl.envs.transforms import RetrieveLogProb
 from llmrl.objectives import GRPOLoss, GRPOLossOutput, grpo_objective
+from llmrl.objectives.token_level import masked_mean, scatter_rows, token_entropy
 from llmrl.policies import TransformersWrapper
 from tests.policies.conftest import history_batch
 
@@ -354,6 +355,34 @@ def test_kl_to_ref_entropy_and_inference_terms(sampler, rollout):
     assert 0 < out.entropy.item() < math.log(len(sampler.tokenizer)) + 1e-3
     assert out.loss_entropy.item() == pytest.approx(-0.01 * out.entropy.item(), rel=1e-5)
     out.loss.backward()
+
+
+@pytest.mark.parametrize("masking_strategy", ["sft", "rlhf"])
+def test_entropy_bonus_equals_entropy_of_full_logits(sampler, rollout, tiny, masking_strategy):
+    """The entropy GRPOLoss gets from chunked scoring (no logits) gives the loss and gradients
+    of the entropy computed from full logits (``token_entropy``), as the loss did before."""
+    actor = sampler.get_new_version(log_prob_chunk_size=4)  # several chunks per batch
+    coeff = 0.05
+    tiny.zero_grad(set_to_none=True)
+    out = GRPOLoss(actor, entropy_coeff=coeff, masking_strategy=masking_strategy)(rollout)
+    out.loss.backward()
+    grads = [p.grad.clone() for p in tiny.parameters()]
+
+    tiny.zero_grad(set_to_none=True)
+    plain = GRPOLoss(sampler, masking_strategy=masking_strategy)
+    without = plain(rollout)
+    scored = plain.actor.get_new_version(return_logits=True, score_responses_only=False)(rollout)
+    masks = scored["masks"]
+    per_row = token_entropy(scored["logits"])  # right-padded rows
+    lengths = masks.full.sum(1).tolist()
+    entropy = scatter_rows([row[:n] for row, n in zip(per_row, lengths, strict=True)], masks.full)
+    mask = plain._mask(masks)
+    expected = without.loss - coeff * masked_mean(entropy, mask)
+    expected.backward()
+    assert out.entropy.item() == pytest.approx(masked_mean(entropy, mask).item(), abs=1e-5)
+    assert out.loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    for got, want in zip(grads, [p.grad for p in tiny.parameters()], strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
 
 
 def test_padded_batch_gives_the_same_loss(sampler, rollout):

@@ -61,17 +61,55 @@ def test_top_k_and_top_p_keep_what_transformers_keeps():
         torch.testing.assert_close(ours[~ours.isinf()], theirs[~theirs.isinf()])
 
 
+def _draws(logits: torch.Tensor, seed: int, **settings) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return decode_loop.next_tokens(logits, GenerationKwargs(**settings), generator)
+
+
 def test_the_draw_follows_the_probabilities():
     probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
     logits = probs.log().expand(20_000, 4)
-    torch.manual_seed(0)
-    draws = decode_loop.next_tokens(logits, GenerationKwargs())
+    draws = _draws(logits, seed=0)
     frequencies = torch.bincount(draws, minlength=4) / len(draws)
     # 3 standard errors of a frequency near 0.5 over 20 000 draws: 0.011
     torch.testing.assert_close(frequencies, probs, atol=0.011, rtol=0)
     assert frequencies[3] == 0
     greedy = decode_loop.next_tokens(logits[:2], GenerationKwargs(do_sample=False))
     assert greedy.tolist() == [0, 0]
+
+
+def test_the_draw_at_a_temperature_follows_the_tempered_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0]).expand(20_000, 4)
+    expected = (logits[0] / 0.5).softmax(-1)  # [0.865, 0.117, 0.016, 0.002]
+    draws = _draws(logits, seed=1, temperature=0.5)
+    frequencies = torch.bincount(draws, minlength=4) / len(draws)
+    # within 4 binomial standard errors of each probability
+    bound = 4 * (expected * (1 - expected) / len(draws)).sqrt()
+    assert ((frequencies - expected).abs() <= bound).all(), (frequencies, expected)
+
+
+def test_top_k_1_sampling_is_greedy():
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(_draws(logits, seed=3, top_k=1), logits.argmax(-1))
+
+
+def test_a_seeded_draw_repeats_and_leaves_the_global_generator_alone():
+    logits = torch.zeros(256, 8)  # uniform: any two different streams differ somewhere
+    state = torch.get_rng_state()
+    first = _draws(logits, seed=5)
+    assert torch.equal(_draws(logits, seed=5), first)
+    assert not torch.equal(_draws(logits, seed=6), first)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_generate_processor_keeps_only_the_drawn_token():
+    """Run greedy, ``generate`` picks what our draw picked: the same token as the loop's."""
+    scores = torch.randn(5, 30, generator=torch.Generator().manual_seed(4))
+    config = GenerationKwargs(temperature=0.7, top_k=10)
+    processed = decode_loop.InverseCDFDraw(config, torch.Generator().manual_seed(7))(None, scores)
+    expected = _draws(scores, seed=7, temperature=0.7, top_k=10)
+    assert torch.equal(processed.argmax(-1), expected)
+    assert (processed.isfinite().sum(-1) == 1).all()
 
 
 def test_finished_rows_leave_the_batch(eos_model, tokenizer):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
-from llmrl.policies.static_decode import static_cache_length
+from llmrl.policies.static_decode import resolve_compile_decode, static_cache_length
 from tests.policies.conftest import history_batch
 
 pytestmark = pytest.mark.slow(seconds=60)
@@ -41,17 +43,43 @@ def test_cache_length_is_rounded_up_to_the_bucket(prompt_width, new_tokens, leng
     assert static_cache_length(prompt_width, new_tokens) == length
 
 
+def test_by_default_the_decode_is_compiled_on_cuda_only():
+    assert resolve_compile_decode(None, torch.device("cuda", 0))
+    assert not resolve_compile_decode(None, torch.device("cpu"))
+    assert not resolve_compile_decode(False, torch.device("cuda"))
+    assert resolve_compile_decode(True, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("samples", [1, 3], ids=["distinct-prompts", "shared-prompt-prefix"])
-def test_compiled_decode_matches_plain_generate(model, tokenizer, samples):
+def test_compiled_decode_matches_plain_generate(model, tokenizer, samples, caplog):
     plain = TransformersWrapper(model, tokenizer, generate_kwargs=GREEDY, num_samples=samples)
     compiled = plain.get_new_version(compile_decode=True)
     assert compiled.compile_decode and not plain.compile_decode
     reference = _responses(plain)
     assert max(len(t) for t in reference[0]) == GREEDY["max_new_tokens"]
-    _assert_same(reference, _responses(compiled))
-    # transformers keeps the compiled step on the model: proof the compiled path ran
-    assert getattr(model, "_compiled_call", None) is not None
-    _assert_same(reference, _responses(compiled))  # the compiled step, reused
+    assert compiled.compile_seconds is None
+    with caplog.at_level(logging.INFO, logger="llmrl.policies.transformers_wrapper"):
+        _assert_same(reference, _responses(compiled))
+        # transformers keeps the compiled step on the model: proof the compiled path ran
+        assert getattr(model, "_compiled_call", None) is not None
+        _assert_same(reference, _responses(compiled))  # the compiled step, reused
+    assert compiled.compile_seconds > 0
+    assert [r.getMessage() for r in caplog.records if "compiled decode" in r.getMessage()] == [
+        f"compiled decode: first call took {compiled.compile_seconds:.1f} s, compiling the "
+        "decode step included"
+    ]
+
+
+def test_compiled_seeded_sampling_repeats(model, tokenizer):
+    """Sampling through the compiled step draws from the call's own generator (same shapes as
+    the greedy calls above: no new compile)."""
+    kwargs = {**GREEDY, "do_sample": True, "seed": 5}
+    policy = TransformersWrapper(model, tokenizer, generate_kwargs=kwargs, compile_decode=True)
+    state = torch.get_rng_state()
+    first = _responses(policy)
+    _assert_same(first, _responses(policy))
+    assert _responses(policy.get_new_version(generate_kwargs={**kwargs, "seed": 6}))[0] != first[0]
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_compiled_decode_reads_updated_weights(model, tokenizer):

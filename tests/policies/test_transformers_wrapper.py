@@ -252,7 +252,7 @@ def test_shared_prompt_scoring_takes_the_cached_path(tiny, tokenizer, monkeypatc
         torch.cat([p, torch.tensor(r)])
         for p, r in [(prompt_a, [1, 2]), (prompt_a, [3]), (prompt_b, [4, 4, 4]), (prompt_b, [2])]
     ]
-    scores = response_scoring.score_responses(tiny, rows, [3, 3, 2, 2], 0, "cpu")
+    scores = response_scoring.score_responses(tiny, rows, [3, 3, 2, 2], 0, "cpu").log_probs
     assert calls == [2]  # two distinct prompts for four rows
     assert scores.shape == (4, 5)
     assert (scores[0, :3] == 0).all() and (scores[0, 3:5] != 0).all()
@@ -334,3 +334,45 @@ def test_batched_requests_are_served_by_prompt_id_not_arrival(eos_model, tokeniz
         assert swapped == [in_order[1], in_order[0]]
     else:  # arrival order: the first request takes the first draws
         assert swapped != [in_order[1], in_order[0]]
+
+
+def _global_rng_states() -> list[torch.Tensor]:
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"repetition_penalty": 1.3}],
+    ids=["decode-loop", "generate"],  # repetition_penalty goes to generate
+)
+def test_seeded_sampling_repeats_from_a_generator_of_its_own(eos_model, tokenizer, settings):
+    def sample(seed: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+        kwargs = {"max_new_tokens": 8, "seed": seed, **settings}
+        policy = _policy(eos_model, tokenizer, num_samples=2, generate_kwargs=kwargs)
+        out = policy(history_batch()).reshape(-1)
+        tokens = [t.tolist() for t in out["tokens"].as_list("response")]
+        return tokens, out["log_probs"].as_list("response")
+
+    before = _global_rng_states()
+    tokens, log_probs = sample(seed=11)
+    again, again_log_probs = sample(seed=11)
+    assert again == tokens
+    assert all(torch.equal(a, b) for a, b in zip(again_log_probs, log_probs, strict=True))
+    assert sample(seed=12)[0] != tokens
+    # neither reseeded nor advanced: the caller's streams go on as if nothing had been drawn
+    after = _global_rng_states()
+    assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_by_default_a_cpu_model_samples_with_the_decode_loop(tiny, tokenizer, monkeypatch):
+    policy = _policy(tiny, tokenizer)
+    assert policy.compile_decode is None and policy.compile_seconds is None
+
+    def no_generate(*args, **kwargs):
+        raise AssertionError("a CPU model should not go through generate")
+
+    monkeypatch.setattr(tiny, "generate", no_generate)
+    assert len(policy(history_batch())["tokens"].as_list("response")) == 3

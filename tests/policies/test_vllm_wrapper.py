@@ -219,12 +219,13 @@ def test_scoring_through_the_policy_api(tokenizer):
         assert (padded[row][~real[row]] == 0).all()
 
 
-def test_return_logits_is_refused(tokenizer):
+@pytest.mark.parametrize("name", ["logits", "entropy"])
+def test_return_logits_or_entropy_is_refused(tokenizer, name):
     scorer = vLLMWrapper(
-        FakeEngine(0), tokenizer, generate=False, input_mode="tokens", return_logits=True
+        FakeEngine(0), tokenizer, generate=False, input_mode="tokens", **{f"return_{name}": True}
     )
     td = TensorDict({"tokens": Tokens.from_sequences(full=[torch.tensor([1, 2, 3])])}, [1])
-    with pytest.raises(ValueError, match=r"vLLM does not return logits.*TransformersWrapper"):
+    with pytest.raises(ValueError, match=rf"vLLM does not return {name}.*TransformersWrapper"):
         scorer(td)
 
 

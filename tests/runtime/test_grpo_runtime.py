@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime, resolve_topology
@@ -28,11 +29,19 @@ def _config(data: Path, model: Path, *overrides: str, **fields) -> GRPOConfig:
     )
 
 
-@pytest.mark.parametrize(("mode", "max_staleness"), [("async", 1), ("sync", 1)])
+@pytest.mark.parametrize(
+    ("mode", "max_staleness", "dtype"), [("async", 1, "float32"), ("sync", 1, "bfloat16")]
+)
 def test_no_trained_sample_is_older_than_max_staleness(
-    local_ray, arithmetic_data, tiny_model_dir, mode, max_staleness
+    local_ray, arithmetic_data, tiny_model_dir, tiny, mode, max_staleness, dtype
 ):
-    config = _config(arithmetic_data, tiny_model_dir, mode=mode, max_staleness=max_staleness)
+    config = _config(
+        arithmetic_data,
+        tiny_model_dir,
+        f"model.dtype={dtype}",
+        mode=mode,
+        max_staleness=max_staleness,
+    )
     bound = max_staleness if mode == "async" else 0
     runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
     try:
@@ -49,6 +58,12 @@ def test_no_trained_sample_is_older_than_max_staleness(
     assert [t for t, _ in runtime.trained_versions] == [0, 1, 2, 3]
     assert min(gaps) == 0 and max(gaps) == bound, gaps
     assert [m["staleness"] for m in steps][1:] == [bound] * 3  # overlap from the 2nd step on
+    # every push carries each distinct tensor once (tied embeddings once), in model.dtype: a
+    # bfloat16 run pushes its float32 masters cast, 2 bytes an element
+    element_bytes = torch.finfo(getattr(torch, dtype)).bits // 8
+    pushed = element_bytes * sum(p.numel() for p in tiny.parameters())
+    assert [m["weight_sync_bytes"] for m in steps] == [pushed] * 4
+    assert all(m["peak_memory_mb"] > 0 for m in steps)
 
 
 def test_a_killed_engine_and_env_worker_are_rebuilt_and_the_step_completes(

@@ -34,6 +34,12 @@ def _sft(data: Path, model: Path, uri: str, *overrides: str, **fields) -> SFTCon
     )
 
 
+def _two_steps(data: Path, model: Path, uri: str, *overrides: str) -> SFTConfig:
+    """Two steps of 2 examples at a constant lr, 2 eval rows: enough to check what is saved."""
+    overrides = (*overrides, "optimizer.warmup_steps=0", "data.max_eval_rows=2")
+    return _sft(data, model, uri, *overrides, steps=2, batch_size=2)
+
+
 def test_sft_lowers_the_training_loss_checkpoints_and_logs_eval_loss(
     arithmetic_data, tiny_model_dir, mlflow_uri
 ):
@@ -87,7 +93,7 @@ def test_sft_lowers_the_training_loss_checkpoints_and_logs_eval_loss(
 
 
 def test_sft_with_lora_saves_a_merged_plain_checkpoint(arithmetic_data, tiny_model_dir, mlflow_uri):
-    config = _sft(
+    config = _two_steps(
         arithmetic_data,
         tiny_model_dir,
         mlflow_uri,
@@ -95,10 +101,6 @@ def test_sft_with_lora_saves_a_merged_plain_checkpoint(arithmetic_data, tiny_mod
         "lora.r=4",
         "lora.target_modules=[q_proj, v_proj]",
         "optimizer.lr=1e-2",
-        "optimizer.warmup_steps=0",
-        "data.max_eval_rows=2",
-        steps=2,
-        batch_size=2,
     )
     result = run_sft(config)
 
@@ -111,6 +113,48 @@ def test_sft_with_lora_saves_a_merged_plain_checkpoint(arithmetic_data, tiny_mod
     for name in base:  # only the adapted projections moved
         changed = not torch.equal(base[name], merged[name])
         assert changed == any(proj in name for proj in ("q_proj", "v_proj")), name
+
+
+def test_sft_in_bfloat16_trains_float32_masters_and_saves_bfloat16(
+    arithmetic_data, tiny_model_dir, mlflow_uri
+):
+    from llmrl.models import tiny_model
+    from llmrl.train.checkpoint import CheckpointManager, read_training_state
+
+    config = _two_steps(
+        arithmetic_data,
+        tiny_model_dir,
+        mlflow_uri,
+        "model.dtype=bfloat16",
+        "model.log_prob_chunk_size=16",  # several chunks per micro-batch
+        "optimizer.lr=1e-5",
+    )
+    result = run_sft(config)
+
+    checkpoint = Path(result.final_checkpoint).parent
+    saved = load_file(checkpoint / "model" / "model.safetensors")
+    masters = read_training_state(checkpoint)["master_weights"]
+    start = load_file(tiny_model_dir / "model.safetensors")
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}  # what engines and eval load
+    for name, weight in saved.items():
+        assert masters[name].dtype == torch.float32
+        assert torch.equal(weight, masters[name].to(torch.bfloat16)), name  # cast from masters
+    # two AdamW steps of 1e-5 move nearly every element with a gradient in float32 (bfloat16
+    # weights would keep most of them: their spacing is ~100x the update)
+    moved = (
+        masters["model.layers.0.mlp.up_proj.weight"] != start["model.layers.0.mlp.up_proj.weight"]
+    )
+    assert moved.float().mean() > 0.99
+    # a resume loads the masters, not the rounded weights of model/
+    fresh = tiny_model(seed=5)
+    CheckpointManager(checkpoint.parent).load(checkpoint, model=fresh)
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, masters[name]), name
+
+    run_id = run_id_of(result.final_checkpoint)
+    peaks = metric_values(mlflow_uri, run_id, "peak_memory_mb")
+    assert metric_steps(mlflow_uri, run_id, "peak_memory_mb") == [1, 2]
+    assert all(100 < peak < 24 * 1024 for peak in peaks), peaks  # this process's RSS, in MiB
 
 
 @pytest.mark.parametrize("lora", [False, True])

@@ -1,0 +1,54 @@
+"""``benchmarks/gpu.py --smoke``: the GPU benchmark's whole path on a tiny model (CPU here),
+writing a results file with every figure positive. Its numbers check the script, not llmrl."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HAS_TRL = importlib.util.find_spec("trl") is not None
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("gpu-smoke")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}  # CPU
+    command = [sys.executable, "benchmarks/gpu.py", "--smoke", "--results-dir", str(out)]
+    if not HAS_TRL:
+        command.append("--no-trl")
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "gpu.json").read_text())
+
+
+def test_smoke_run_reports_decode_and_the_llmrl_grpo_step(results):
+    assert results["benchmark"] == "gpu" and results["extra"]["device"] == "cpu"
+    for name in ("llmrl decode", "raw generate"):
+        medians = results["contenders"][name]["medians"]
+        assert medians["tokens_per_second"] > 0 and medians["tokens"] > 0
+    step = results["contenders"]["llmrl GRPO step"]["medians"]
+    assert step["seconds"] > 0 and step["peak_memory_mb"] > 0
+    assert set(step["phases"]) == {"generation", "training", "weight sync"}
+    (decode,) = [f for f in results["figures"] if f["what"].startswith("decode tokens/s")]
+    assert decode["ratio"] > 0 and decode["peer"]["value"] > 0
+
+
+@pytest.mark.skipif(
+    not HAS_TRL,
+    reason="trl is not importable in this venv (it lives in the "
+    "peers' venv, benchmarks/peers.py): TRL's half of the smoke run is skipped",
+)
+def test_smoke_run_reports_the_trl_grpo_step(results):
+    trl = results["contenders"]["TRL GRPO step"]["medians"]
+    assert trl["seconds"] > 0 and trl["peak_memory_mb"] > 0
+    ratios = [f["ratio"] for f in results["figures"] if "GRPO step" in f["what"]]
+    assert ratios and all(r > 0 for r in ratios)
