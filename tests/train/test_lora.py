@@ -57,6 +57,28 @@ def test_merged_weights_equal_merge_and_unload_and_the_model_is_untouched(tokeni
     assert merged[k_proj].data_ptr() == live.data_ptr()
 
 
+def test_a_bfloat16_base_merges_in_float32_and_rounds_once(tokenizer):
+    # mixed precision: a bf16 base with float32 adapters (peft's autocast_adapter_dtype)
+    from llmrl.config.common import LoraSettings, ModelConfig
+    from llmrl.train.trainable_model import make_trainable
+
+    settings = LoraSettings(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    model = make_trainable(tiny_model(tokenizer, seed=1), ModelConfig(dtype="bfloat16"), settings)
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    assert layer.base_layer.weight.dtype == torch.bfloat16
+    assert layer.lora_A["default"].weight.dtype == torch.float32  # the trained masters
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    merged = merged_state_dict(model)["model.layers.0.self_attn.q_proj.weight"]
+
+    base = layer.base_layer.weight
+    delta = 2.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight  # scale 8 / 4
+    assert merged.dtype == torch.bfloat16
+    assert torch.equal(merged, (base.float() + delta).to(torch.bfloat16))  # one rounding
+    rounded_twice = base + delta.to(torch.bfloat16)  # the delta rounded, then the sum
+    assert not torch.equal(merged, rounded_twice)  # the two differ on this layer
+
+
 def test_inference_weights_are_the_merged_ones_and_leave_the_model_untouched(tokenizer):
     model = _lora(tokenizer)
     before = _snapshot(model)
