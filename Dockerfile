@@ -18,7 +18,9 @@
 #
 # Ray pods (gpu: head and workers; cpu: environment workers) get readiness/liveness probes that
 # KubeRay injects: `bash -c "wget -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz |
-# grep success"`. Both images therefore install bash and wget.
+# grep success"`. Both images therefore install bash and wget, and bubblewrap (`bwrap`): env
+# workers run the Python tool's snippets under it (see helm/llmrl/values.yaml for what the pods
+# need to let it create user namespaces).
 #
 # Versions come from ONE file, constraints.txt (shared with the Makefile): every `pip install`
 # below uses `-c constraints.txt`. torch is not in it: each torch image installs torch first,
@@ -94,9 +96,10 @@ LABEL org.opencontainers.image.title="llmrl-cpu" \
 ENV LLMRL_CACHE=/opt/llmrl/cache \
     HF_HUB_OFFLINE=1
 
-# bash and wget: KubeRay's injected probes in Ray pods; git: looked for by transformers, mlflow.
+# bash and wget: KubeRay's injected probes in Ray pods; git: looked for by transformers, mlflow;
+# bubblewrap: the Python tool's sandbox in env workers (llmrl/envs/_bubblewrap.py).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bash wget git \
+    && apt-get install -y --no-install-recommends bash wget git bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -237,14 +240,14 @@ COPY constraints.txt ./
 
 # Python 3.11 from the deadsnakes PPA (Ubuntu 22.04 ships 3.10). gcc and the Python headers are
 # needed at run time by Triton, which compiles small launchers for vLLM and torch.compile.
-# bash and wget: KubeRay's injected probes in Ray pods.
+# bash and wget: KubeRay's injected probes in Ray pods. bubblewrap: the Python tool's sandbox.
 RUN --mount=type=cache,target=/root/.cache/pip \
     apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates gnupg software-properties-common \
     && add-apt-repository -y ppa:deadsnakes/ppa \
     && apt-get update \
     && apt-get install -y --no-install-recommends \
-        python3.11 python3.11-venv python3.11-dev gcc git tini bash wget \
+        python3.11 python3.11-venv python3.11-dev gcc git tini bash wget bubblewrap \
     && apt-get purge -y software-properties-common \
     && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \

@@ -21,7 +21,7 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?= -m "not learning" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: test check-learning run bench bench-learning lint format chart-schema clean-venv \
+.PHONY: test bubblewrap check-learning run bench bench-learning lint format chart-schema clean-venv \
 	gpu-wheels test-gpu
 
 $(BIN)/python:
@@ -70,7 +70,21 @@ run: $(VENV)/.installed-run
 # when make started (read once, before any install step runs): `make test` prints its own time
 MAKE_STARTED := $(shell date +%s)
 
-test: $(VENV)/.installed-dev
+# The Python tool's sandbox runs each snippet under bubblewrap (llmrl/envs/_bubblewrap.py), and
+# its tests need it: installed with apt-get when missing and we are root, else a pointer.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing bubblewrap (bwrap) for the Python tool's sandbox"; \
+		apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+			|| { apt-get update -qq && apt-get install -y -qq bubblewrap; }; \
+	else \
+		echo "make test needs bubblewrap (bwrap) for the Python tool's sandbox: install it," \
+			"e.g. sudo apt-get install bubblewrap (Debian/Ubuntu), dnf install bubblewrap" \
+			"(Fedora), and allow unprivileged user namespaces"; exit 1; \
+	fi
+
+test: $(VENV)/.installed-dev | bubblewrap
 	@start=$$(date +%s); $(BIN)/python -m pytest $(PYTEST_ARGS); code=$$?; now=$$(date +%s); \
 	echo "make test: tests $$((now - start)) s, $$((now - $(MAKE_STARTED))) s in all (installs included)"; \
 	exit $$code

@@ -12,6 +12,12 @@ Subcommands so far:
   (:mod:`llmrl.train`); each prints the resolved config first and a one-line JSON summary of its
   result (final checkpoint, metrics; ``tracking_spool``: spool files left for an MLflow server
   that stayed away) as the last line of stdout.
+
+Every failure ends in one line on stderr, ``llmrl COMMAND: error: ...``, naming the field, file
+or row; user text in it is cut to :data:`MAX_WORD_CHARS` and control characters are escaped
+(``\x1b``), so nothing a config or data file holds reaches the terminal raw. Exit codes: 2 for
+a mistake to fix in the config, data or model (and argparse's own errors), 1 for anything else,
+130 for Ctrl-C; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
+import traceback
+import unicodedata
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -35,6 +44,11 @@ if TYPE_CHECKING:
     from llmrl.data.prepare import PreparedDataset
 
 T = TypeVar("T")
+
+MAX_WORD_CHARS = 200  # a longer run of text without spaces (a key, a value, a path) is cut
+MAX_LINE_CHARS = 2000
+OUTPUT_FIELDS = ("output_dir", "checkpoint.dir", "cache_dir")
+"""The config fields naming folders a command writes: checked before it runs."""
 
 
 def _convert_model(args: argparse.Namespace) -> int:
@@ -51,10 +65,11 @@ def _convert_model(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from llmrl.config import PrepareConfig, dump_config, load_config
+    from llmrl.config import PrepareConfig, dump_config
     from llmrl.data.prepare import prepare_dataset
 
-    config = load_config(PrepareConfig, args.config, args.overrides)
+    config = _load_config(PrepareConfig, args, args.overrides)
+    _run_configured(args, args.overrides, lambda: _check_output_folders(config))
     print(dump_config(config), end="", flush=True)
     prepared = _run_configured(
         args, args.overrides, lambda: prepare_dataset(config, progress=not args.no_progress)
@@ -91,12 +106,13 @@ def _track_prepare(config: PrepareConfig, prepared: PreparedDataset) -> None:
 
 
 def _run_stage(args: argparse.Namespace) -> int:
-    from llmrl.config import dump_config, load_config
+    from llmrl.config import dump_config
     from llmrl.train.stages import STAGES
 
     config_cls, run = STAGES[args.command]
     overrides = [*args.overrides, *(["progress=false"] if args.no_progress else [])]
-    config = load_config(config_cls, args.config, overrides)
+    config = _load_config(config_cls, args, overrides)
+    _run_configured(args, overrides, lambda: _check_output_folders(config))
     print(dump_config(config), end="", flush=True)
     from llmrl.tracking import left_spools
 
@@ -133,7 +149,86 @@ def _run_configured(args: argparse.Namespace, overrides: list[str], run: Callabl
         raise error.located(args.config, overrides) from None
 
 
+def _load_config(config_cls: type[T], args: argparse.Namespace, overrides: list[str]) -> T:
+    """``load_config``; a config it cannot even parse (nested too deep, a number too long for
+    Python) is a :class:`ConfigError` naming where it came from."""
+    from llmrl.config import load_config
+
+    try:
+        return load_config(config_cls, args.config, overrides)
+    except ConfigError:
+        raise
+    except (RecursionError, ValueError, TypeError, OverflowError, MemoryError) as error:
+        origin = ", ".join([*([args.config] if args.config else []), *overrides]) or "defaults"
+        raise ConfigError([f"{origin}: cannot be read ({_failure(error)[1]})"]) from error
+
+
+def _check_output_folders(config: object) -> None:
+    """Refuse, before anything runs, an output folder (:data:`OUTPUT_FIELDS`) that cannot be
+    one: it, or a folder above it, is a file, or the nearest existing folder is read-only."""
+    problems = []
+    for dotted in OUTPUT_FIELDS:
+        value = config
+        for part in dotted.split("."):
+            value = getattr(value, part, None)
+        if value is not None:
+            problem = _not_a_folder(Path(value))
+            if problem:
+                problems.append(f"{dotted}: {problem}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _not_a_folder(path: Path) -> str | None:
+    for existing in (path, *path.parents):
+        if existing.is_dir():
+            if not os.access(existing, os.W_OK | os.X_OK):
+                return f"{path} cannot be written ({existing} is read-only)"
+            return None
+        if existing.exists() or existing.is_symlink():
+            kind = "a file" if existing.is_file() else "not a folder"
+            where = "" if existing == path else f" (in the way of {path})"
+            return f"{existing} is {kind}{where}; name a folder"
+    return None
+
+
+def one_line(text: str) -> str:
+    """``text`` fit for one terminal line: its lines joined with ``; ``, control characters
+    escaped (``\x1b``, ``\u202e``), runs of over :data:`MAX_WORD_CHARS` non-space characters
+    and the whole over :data:`MAX_LINE_CHARS` cut."""
+    joined = "; ".join(line.strip() for line in text.split("\n") if line.strip())
+    escaped = _escaped(joined)
+
+    def cut(word: re.Match) -> str:
+        return f"{word.group()[:MAX_WORD_CHARS]}...[{len(word.group()) - MAX_WORD_CHARS} more]"
+
+    line = re.sub(rf"\S{{{MAX_WORD_CHARS + 1},}}", cut, escaped)
+    if len(line) > MAX_LINE_CHARS:
+        line = f"{line[:MAX_LINE_CHARS]}...[{len(line) - MAX_LINE_CHARS} more characters]"
+    return line
+
+
+def _escaped(text: str) -> str:
+    """``text`` with its control (and other non-printing) characters as ``repr`` escapes."""
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one escaped line (no usage block)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def _add_debug_argument(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--debug``, before or after the command (a subcommand's default leaves it alone)."""
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="print a failure's traceback"
+    )
+
+
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_debug_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="YAML", help="the stage config (YAML)")
     parser.add_argument(
         "--set",
@@ -148,8 +243,9 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``llmrl`` command."""
-    parser = argparse.ArgumentParser(prog="llmrl", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="llmrl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"llmrl {version('llmrl')}")
+    _add_debug_argument(parser, default=False)
     parser.add_argument(
         "--log-level",
         default="INFO",
@@ -163,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "spec", nargs="?", default=DEFAULT_MODEL, help=f"model spec (default: {DEFAULT_MODEL})"
     )
+    _add_debug_argument(convert, default=argparse.SUPPRESS)
     convert.set_defaults(handler=_convert_model)
     prepare = commands.add_parser(
         "prepare", help="prepare a task's train/eval dataset; prints its directory last"
@@ -191,21 +288,36 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
+    """Run the command line; returns the process exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return args.handler(args)
-    except _user_errors() as error:
-        message = str(error)
-        if "\n" in message:  # several problems (a config): one per line
-            message = "".join(f"\n  {line}" for line in message.splitlines())
-        else:
-            message = f" {message}"
-        print(f"llmrl {args.command}: error:{message}", file=sys.stderr)
-        return 2
+    except BaseException as error:
+        if isinstance(error, SystemExit):
+            raise
+        code, message = _failure(error)
+        if args.debug:
+            for line in traceback.format_exc().splitlines():
+                print(_escaped(line), file=sys.stderr)
+        elif code == 1:
+            message += " (run with --debug for the traceback)"
+        print(f"llmrl {args.command}: error: {one_line(message)}", file=sys.stderr)
+        return code
+
+
+def _failure(error: BaseException) -> tuple[int, str]:
+    """The exit code and message of a failed command."""
+    if isinstance(error, _user_errors()):
+        return 2, str(error)
+    if isinstance(error, KeyboardInterrupt):
+        return 130, "interrupted"
+    if isinstance(error, OSError) and error.filename is not None:
+        return 1, f"{error.strerror or type(error).__name__}: {error.filename}"
+    text = str(error)
+    return 1, f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 if __name__ == "__main__":

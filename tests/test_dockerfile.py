@@ -1,10 +1,11 @@
 """The Dockerfile, parsed with dockerfile-parse, and the version pins it shares with the Makefile.
 
 Checks: pinned bases; the gpu (default), cpu, flow and mlflow targets; non-root; no secrets; the
-torch-constrained install; tini, HEALTHCHECK NONE; bash and wget in the Ray images (KubeRay's
-probes); every `pip install` constrained by constraints.txt, under a pip cache mount; the
-dependencies installed before the source is copied; one exact vLLM whose torch is the gpu stage's;
-no torch in the flow image; the MLflow server at the client's version; FastAPI < 0.151.
+torch-constrained install; tini, HEALTHCHECK NONE; bash and wget (KubeRay's probes) and bubblewrap
+(the Python tool's sandbox) in the Ray images; every `pip install` constrained by constraints.txt,
+under a pip cache mount; the dependencies installed before the source is copied; one exact vLLM
+whose torch is the gpu stage's; no torch in the flow image; the MLflow server at the client's
+version; FastAPI < 0.151.
 Each check also runs on a broken copy of its input, to show that it fails there.
 """
 
@@ -233,7 +234,8 @@ def check_pip_constraints(all_stages: list[Stage]) -> list[str]:
 
 
 def check_probes(all_stages: list[Stage]) -> list[str]:
-    """bash and wget installed (apt-get) in each image a Ray pod runs."""
+    """bash and wget installed (apt-get) in each image a Ray pod runs, and bubblewrap: env
+    workers run the Python tool's snippets under it (llmrl/envs/_bubblewrap.py)."""
     problems = []
     for target in RAY_TARGETS:
         installed = " ".join(
@@ -244,6 +246,8 @@ def check_probes(all_stages: list[Stage]) -> list[str]:
         for tool in ("bash", "wget"):
             if tool not in installed:
                 problems.append(f"{target}: {tool} is not installed (KubeRay's probes need it)")
+        if "bubblewrap" not in installed:
+            problems.append(f"{target}: bubblewrap is not installed (the Python tool's sandbox)")
     return problems
 
 
@@ -488,14 +492,20 @@ def test_dockerignore_check_can_fail():
 
 def test_the_makefile_installs_with_constraints_txt():
     """The venv resolves what the images resolve: every pip install of the package or its peers
-    in the Makefile passes -c constraints.txt, and the install stamps depend on the file."""
+    in the Makefile passes -c constraints.txt, and the install stamps depend on the file. (The
+    GPU machine's `--target` install of the bundle's wheels is apart: those are pinned files
+    for another Python, GPU_WHEELS, installed without resolving anything.)"""
     text = MAKEFILE.read_text()
     installs = [
         " ".join(line.split())
         for line in text.splitlines()
         if re.search(r"pip install", line) and not line.lstrip().startswith("#")
     ]
-    package = [i for i in installs if "TORCH_SPEC" not in i and "--upgrade pip" not in i]
+    package = [
+        i
+        for i in installs
+        if "TORCH_SPEC" not in i and "--upgrade pip" not in i and "--target" not in i
+    ]
     assert package, "no pip install of the package found"
     assert [i for i in package if "-c constraints.txt" not in i] == []
     for stamp in (".installed-dev", ".installed-run"):
@@ -545,6 +555,8 @@ BREAKS = [
     ),
     ("probes", "bash wget git", "git", 1),
     ("probes", "gcc git tini bash wget", "gcc git tini bash", 1),
+    ("probes", "bash wget git bubblewrap", "bash wget git", 1),
+    ("probes", "tini bash wget bubblewrap", "tini bash wget", 1),
     ("layers", "-c constraints.txt --no-deps .\n", "-c constraints.txt .\n", 2),
     (
         "layers",

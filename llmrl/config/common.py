@@ -4,11 +4,19 @@ tracking and generation. Each stage's config composes them (see ``sft.py``, ``gr
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from llmrl.config.loading import ConfigModel
+from llmrl.config.loading import (
+    MAX_BATCH,
+    MAX_LR,
+    MAX_ROWS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOKENS,
+    ConfigModel,
+)
 
 
 class ModelConfig(ConfigModel):
@@ -46,6 +54,28 @@ class ModelConfig(ConfigModel):
         "many positions at a time, so the [rows, positions, vocabulary] logits never exist at "
         "once (the backward recomputes each chunk's logits); null: all positions at once",
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="load a model whose folder (or hub repo) names its own Python code "
+        "(`auto_map`). RISK: that code runs with this process's rights (files, credentials, "
+        "network) as soon as the model loads; turn on only for code you have read or trust",
+    )
+    allow_pickled_weights: bool = Field(
+        False,
+        description="load weights stored as pickles (pytorch_model.bin, *.pt, *.pkl) when the "
+        "model has no .safetensors. RISK: a crafted pickle can run code when it is read "
+        "(torch's weights_only loader narrows this, not to zero); prefer converting to "
+        "safetensors",
+    )
+
+    @property
+    def load_options(self) -> dict[str, bool]:
+        """The keyword arguments of :func:`llmrl.models.load_model` that this config sets
+        (pass ``trust_remote_code`` alone to ``load_tokenizer``)."""
+        return {
+            "trust_remote_code": self.trust_remote_code,
+            "allow_pickled_weights": self.allow_pickled_weights,
+        }
 
     @property
     def spec(self) -> str:
@@ -76,18 +106,28 @@ class DataConfig(ConfigModel):
     """A prepared dataset (the output directory of ``llmrl prepare``)."""
 
     path: str = Field(description="directory written by `llmrl prepare` (holds manifest.json)")
-    max_train_rows: int | None = Field(None, ge=1, description="use at most this many train rows")
-    max_eval_rows: int | None = Field(None, ge=1, description="use at most this many eval rows")
+    max_train_rows: int | None = Field(
+        None, ge=1, le=MAX_ROWS, description="use at most this many train rows"
+    )
+    max_eval_rows: int | None = Field(
+        None, ge=1, le=MAX_ROWS, description="use at most this many eval rows"
+    )
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
+"""An AdamW beta: a moving average's decay, in [0, 1)."""
 
 
 class OptimizerConfig(ConfigModel):
     """AdamW with warmup and a decay schedule."""
 
-    lr: float = Field(1e-5, gt=0, description="peak learning rate")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    lr: float = Field(1e-5, gt=0, le=MAX_LR, description="peak learning rate, at most 1")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay, in [0, 1]")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     grad_clip: float = Field(1.0, gt=0, description="clip the global gradient norm to this")
-    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr over these steps")
+    warmup_steps: int = Field(
+        0, ge=0, le=MAX_STEPS, description="linear warmup from 0 to lr over these steps"
+    )
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "cosine", description="decay after warmup, down to min_lr_ratio * lr at the last step"
     )
@@ -98,8 +138,10 @@ class LoraSettings(ConfigModel):
     """Optional LoRA adapters (peft); checkpoints hold the merged model."""
 
     enabled: bool = Field(False, description="train LoRA adapters instead of all weights")
-    r: int = Field(16, ge=1, description="adapter rank")
-    alpha: int = Field(32, ge=1, description="adapter scaling numerator (scale = alpha / r)")
+    r: int = Field(16, ge=1, le=MAX_BATCH, description="adapter rank")
+    alpha: int = Field(
+        32, ge=1, le=MAX_BATCH, description="adapter scaling numerator (scale = alpha / r)"
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -111,8 +153,10 @@ class CheckpointConfig(ConfigModel):
     """Where and how often checkpoints are written, and how a run resumes."""
 
     dir: str = Field("runs/checkpoints", description="checkpoint directory of this stage")
-    every: int = Field(50, ge=1, description="save every this many steps (and at the end)")
-    keep_last: int = Field(2, ge=1, description="keep this many newest checkpoints")
+    every: int = Field(
+        50, ge=1, le=MAX_STEPS, description="save every this many steps (and at the end)"
+    )
+    keep_last: int = Field(2, ge=1, le=MAX_BATCH, description="keep this many newest checkpoints")
     best_metric: str | None = Field(None, description="also keep the best checkpoint by this")
     best_mode: Literal["max", "min"] = Field("max", description="whether higher is better")
     resume: Literal["auto", "never"] = Field(
@@ -133,7 +177,10 @@ class TrackingConfig(ConfigModel):
     )
     run_name: str | None = Field(None, description="MLflow run name (default: the stage name)")
     log_samples_every: int = Field(
-        10, ge=1, description="log a table of sample generations every this many steps"
+        10,
+        ge=1,
+        le=MAX_STEPS,
+        description="log a table of sample generations every this many steps",
     )
     log_checkpoint_files: bool = Field(
         True,
@@ -145,10 +192,14 @@ class TrackingConfig(ConfigModel):
 class GenerationSettings(ConfigModel):
     """Sampling settings (see llmrl.policies.GenerationKwargs)."""
 
-    max_new_tokens: int = Field(128, ge=1, description="response length limit in tokens")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    max_new_tokens: int = Field(
+        128, ge=1, le=MAX_TOKENS, description="response length limit in tokens"
+    )
+    temperature: float = Field(1.0, gt=0, le=100, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
-    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
+    top_k: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="sample among the k most likely tokens"
+    )
 
     def as_kwargs(self, **extra: Any) -> dict[str, Any]:
         """Keyword arguments for a policy's ``generate_kwargs``."""
@@ -162,7 +213,7 @@ class StageConfig(ConfigModel):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="the model")
     data: DataConfig = Field(description="the prepared dataset")
-    seed: int = Field(0, description="seed for torch, sampling and data order")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed for torch, sampling and data order")
     output_dir: str = Field("runs/stage", description="where the stage writes its outputs")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow")
     progress: bool = Field(True, description="show a progress bar")
@@ -206,6 +257,15 @@ class PythonToolSettings(ConfigModel):
         4000, ge=1, description="stdout/stderr kept from a block (the tool message's size)"
     )
     max_blocks: int = Field(8, ge=1, description="python blocks run per reply, at most")
+    os_sandbox: Literal["required", "optional"] = Field(
+        "required",
+        description="the operating-system boundary around each block (bubblewrap: its own "
+        "user, mount, PID and network namespaces on a minimal read-only filesystem). "
+        "'required': a block fails with an error saying how to get one when bubblewrap is "
+        "missing or user namespaces are refused; 'optional': such blocks run with only "
+        "rlimits, seccomp and the audit hook (which modules reading files in C, such as "
+        "sqlite or readline, get past), with a warning logged at each run",
+    )
 
 
 class MCPServerSettings(ConfigModel):
@@ -264,13 +324,15 @@ class MCPToolSettings(ConfigModel):
     servers: list[MCPServerSettings] = Field(
         default_factory=list, description="the MCP servers (tool names must be unique)"
     )
-    max_calls: int = Field(4, ge=1, description="tool calls run per reply, at most")
-    max_output_chars: int = Field(4000, ge=1, description="a tool result is cut to this size")
+    max_calls: int = Field(4, ge=1, le=MAX_BATCH, description="tool calls run per reply, at most")
+    max_output_chars: int = Field(
+        4000, ge=1, le=MAX_TOKENS, description="a tool result is cut to this size"
+    )
     start_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="limit for a server to start and list its tools"
     )
     max_restarts: int = Field(
-        3, ge=0, description="restarts of a crashed server per env worker, at most"
+        3, ge=0, le=MAX_BATCH, description="restarts of a crashed server per env worker, at most"
     )
 
     @model_validator(mode="after")
@@ -302,6 +364,7 @@ class ToolSettings(ConfigModel):
     max_turns: int = Field(
         3,
         ge=2,
+        le=MAX_BATCH,
         description="assistant replies per episode, at most (tool calls and the final answer); "
         "an episode still calling a tool at the last turn is truncated",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from llmrl.config.common import GenerationSettings, StageConfig
+from llmrl.config.loading import MAX_BATCH, MAX_TOKENS
 
 
 class EvalConfig(StageConfig):
@@ -15,9 +16,13 @@ class EvalConfig(StageConfig):
     """
 
     output_dir: str = Field("runs/eval", description="where results.jsonl and summary.json go")
-    batch_size: int = Field(16, ge=1, description="problems per generation batch")
-    max_new_tokens: int = Field(128, ge=1, description="response length limit (greedy pass)")
-    num_samples: int = Field(0, ge=0, description="sampled answers per problem for pass@k (0: off)")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="problems per generation batch")
+    max_new_tokens: int = Field(
+        128, ge=1, le=MAX_TOKENS, description="response length limit (greedy pass)"
+    )
+    num_samples: int = Field(
+        0, ge=0, le=MAX_BATCH, description="sampled answers per problem for pass@k (0: off)"
+    )
     pass_at: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k")
     sampling: GenerationSettings = Field(
         default_factory=GenerationSettings,

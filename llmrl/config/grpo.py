@@ -14,7 +14,7 @@ from llmrl.config.common import (
     StageConfig,
     ToolSettings,
 )
-from llmrl.config.loading import ConfigModel
+from llmrl.config.loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, ConfigModel
 from llmrl.topology.spec import Topology
 
 TOPOLOGY_ENV = "LLMRL_TOPOLOGY"
@@ -65,6 +65,7 @@ class AdvantageSettings(ConfigModel):
     max_resample_rounds: int | None = Field(
         None,
         ge=0,
+        le=MAX_BATCH,
         description="with drop_zero_std: extra sampling rounds a step may take (each draws "
         "prompts_per_step more prompts) before it trains on the groups with signal found so "
         f"far; 0: drop only, never resample; null: {DEFAULT_MAX_RESAMPLE_ROUNDS}",
@@ -100,22 +101,30 @@ class RuntimeSettings(ConfigModel):
     torch_threads: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH,
         description="torch CPU threads of each engine and trainer rank (None: torch's default; "
         "on a CPU machine, the cores: sampling and training take turns in sync mode)",
     )
     placement_timeout_s: float = Field(
-        120.0, gt=0, description="how long to wait for the topology's placement groups"
+        120.0, gt=0, le=MAX_TIMEOUT_S, description="how long to wait for the placement groups"
     )
     collective_timeout_s: float = Field(
-        600.0, gt=0, description="torch.distributed timeout of the trainer ranks' collectives"
+        600.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="torch.distributed timeout of the trainer ranks' collectives",
     )
     batching_timeout_s: float = Field(
         0.5,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description="how long an engine waits for the other env workers' requests of a step",
     )
     max_actor_restarts: int = Field(
-        3, ge=0, description="rebuilds allowed per inference engine or env worker that died"
+        3,
+        ge=0,
+        le=MAX_BATCH,
+        description="rebuilds allowed per inference engine or env worker that died",
     )
     compile_decode: bool | None = Field(
         None,
@@ -140,16 +149,26 @@ class GRPOConfig(StageConfig):
     """
 
     output_dir: str = Field("runs/grpo", description="where checkpoints and outputs go")
-    steps: int = Field(50, ge=1, description="collect-and-learn iterations")
-    prompts_per_step: int = Field(4, ge=1, description="distinct prompts sampled per step")
-    num_samples: int = Field(4, ge=2, description="responses per prompt (group size G)")
-    updates_per_step: int = Field(1, ge=1, description="optimizer steps over each batch")
+    steps: int = Field(50, ge=1, le=MAX_STEPS, description="collect-and-learn iterations")
+    prompts_per_step: int = Field(
+        4, ge=1, le=MAX_BATCH, description="distinct prompts sampled per step"
+    )
+    num_samples: int = Field(
+        4, ge=2, le=MAX_BATCH, description="responses per prompt (group size G)"
+    )
+    updates_per_step: int = Field(
+        1, ge=1, le=MAX_BATCH, description="optimizer steps over each batch"
+    )
     minibatch_size: int | None = Field(
-        None, ge=1, description="sequences per optimizer step (default: the whole batch)"
+        None,
+        ge=1,
+        le=MAX_BATCH,
+        description="sequences per optimizer step (default: the whole batch)",
     )
     micro_batch_size: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH,
         description="rows (sequences; one per turn of a multi-turn episode) per forward/backward "
         "on a trainer rank; their gradients add up into one optimizer step (gradient "
         "accumulation: less activation memory, the same update); default: a rank's whole "
@@ -161,6 +180,7 @@ class GRPOConfig(StageConfig):
     max_staleness: int = Field(
         1,
         ge=0,
+        le=MAX_STEPS,
         description="async: sampling runs at most this many policy versions ahead of training "
         "(the sampler waits)",
     )

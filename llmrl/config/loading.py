@@ -4,6 +4,14 @@ Every stage (``prepare``, ``sft``, ``grpo``, ``evaluate``) describes its setting
 :class:`ConfigModel` and reads them with :func:`load_config`. Unknown keys are errors, not silent
 no-ops, so a typo such as ``eval_fracton`` fails the run before it starts, and a bad config lists
 all of its problems at once, each as ``<file>: <dotted.path>: <message>``.
+
+Reading is bounded, whatever the file holds: at most :data:`MAX_CONFIG_BYTES` bytes, mappings
+and lists nested at most :data:`MAX_YAML_DEPTH` deep, at most :data:`MAX_YAML_ALIASES` aliases
+and :data:`MAX_YAML_NODES` values once aliases are expanded (a "billion laughs" alias bomb is
+refused while it is still a few hundred bytes of parsed nodes), integers of at most
+:data:`MAX_YAML_INT_DIGITS` digits; floats must be finite (no ``.inf``, no ``.nan``), and the
+numeric fields of the stage configs have upper bounds (``MAX_*`` below) so that a typo such as
+``steps=1e30`` fails at load time, naming the field.
 """
 
 from __future__ import annotations
@@ -20,6 +28,43 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 ModelT = TypeVar("ModelT", bound="ConfigModel")
+
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this (1 MiB) is refused before it is parsed."""
+MAX_YAML_DEPTH = 64
+"""Mappings and lists nested deeper than this are refused (configs nest ~5 deep)."""
+MAX_YAML_ALIASES = 100
+"""``*alias`` references allowed in one config file."""
+MAX_YAML_NODES = 100_000
+"""Values (scalars, lists, mappings) in one config once its aliases are expanded."""
+MAX_YAML_INT_DIGITS = 100
+"""Longer integer literals are refused while parsing (no field takes a number that large)."""
+
+MAX_STEPS = 10_000_000
+"""Upper bound of step counts and step intervals (``steps``, ``warmup_steps``, ``every``...)."""
+MAX_BATCH = 1_000_000
+"""Upper bound of per-step counts: batch sizes, prompts and samples per step, accumulation."""
+MAX_ROWS = 1_000_000_000
+"""Upper bound of row and problem counts (``max_train_rows``, ``train_size``...)."""
+MAX_TOKENS = 1 << 20
+"""Upper bound of token budgets (``max_new_tokens``, ``max_length``): about a million tokens."""
+MAX_TEXT_CHARS = 1 << 24
+"""Upper bound of text-size settings (``max_row_chars``): 16 Mi characters."""
+MAX_CLUSTER = 100_000
+"""Upper bound of a topology's counts (engines, GPUs, ranks, CPU cores, env workers) and of
+its memory sizes in GiB."""
+MAX_LR = 1.0
+"""Upper bound of learning rates: an AdamW step moves a weight by about ``lr``."""
+MAX_TIMEOUT_S = 86_400.0
+"""Upper bound of timeouts, in seconds (a day)."""
+MAX_SEED = 2**63 - 1
+"""Upper bound of seeds (torch's generators take 64-bit seeds)."""
+
+MAX_QUOTED_CHARS = 200
+"""User text quoted in an error message (a field name, a value) is cut to this many
+characters, its control characters escaped (see :func:`quoted`)."""
+MAX_PROBLEM_CHARS = 2000
+"""One problem line of a :class:`ConfigError` is cut to this many characters."""
 
 _LEADING_KEY = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*): ")
 
@@ -38,7 +83,7 @@ class ConfigModel(BaseModel):
         config = load_config(TrainConfig, "configs/train.yaml", ["lr=3e-5"])
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ConfigError(ValueError):
@@ -49,7 +94,7 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
+        self.problems = [quoted(problem, MAX_PROBLEM_CHARS) for problem in problems]
         super().__init__("\n".join(self.problems))
 
     def __reduce__(self) -> tuple:
@@ -75,6 +120,28 @@ class ConfigError(ValueError):
                 problem += f" (set in {path})"
             problems.append(problem)
         return ConfigError(problems)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
+
+
+def quoted(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` as an error message may show it, in at most ``limit`` characters: control
+    characters and lone surrogates escaped (``\\n``, ``\\x1b``, ``\\ud800``), a long text cut
+    with its length told. Quoting a quoted text changes nothing.
+
+    Example:
+        >>> quoted("a\\nb" + "x" * 300, limit=50)
+        'a\\\\nbxxxxxx... (303 characters in all)'
+    """
+    shown = _CONTROL.sub(_escaped, text[:limit])
+    if len(text) <= limit and len(shown) <= limit:
+        return shown
+    return f"{shown[: max(limit - 40, 0)]}... ({len(text)} characters in all)"
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
 def load_config(
@@ -119,12 +186,18 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise ConfigError([f"{path}: config file {what}"])
+    with path.open("rb") as stream:
+        raw = stream.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            [f"{path}: config file is over {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes"]
+        )
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError([f"{path}: config file is not UTF-8 text ({error.reason})"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError([f"{path}: {_describe_yaml_error(error)}"]) from None
     if data is None:
@@ -134,6 +207,101 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             [f"{path}: the top level must be a mapping of keys to values, got {_kind(data)}"]
         )
     return data
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with the limits of this module: nesting depth and alias count while
+    composing, the expanded size of the composed document, and the length of integers."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _limit(f"more than {MAX_YAML_ALIASES} aliases", event.start_mark)
+            return super().compose_node(parent, index)
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            if self._depth >= MAX_YAML_DEPTH:
+                raise _limit(f"nested more than {MAX_YAML_DEPTH} levels deep", event.start_mark)
+            self._depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        size = _expanded_size(node)
+        if size < 0:
+            raise _limit("an alias inside the value it names (infinitely nested)", node.start_mark)
+        if size > MAX_YAML_NODES:
+            raise _limit(
+                f"more than {MAX_YAML_NODES} values once its aliases are expanded",
+                node.start_mark,
+            )
+        return node
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = sum(char.isdigit() for char in node.value)
+        if digits > MAX_YAML_INT_DIGITS:
+            raise _limit(
+                f"an integer of {digits} digits (at most {MAX_YAML_INT_DIGITS})", node.start_mark
+            )
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _limit(problem: str, mark: Any) -> yaml.YAMLError:
+    return yaml.MarkedYAMLError(problem=f"{problem}; refused", problem_mark=mark)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes the document has with every alias expanded, counted without expanding it
+    (each distinct node once, children first, without recursion); -1 when an alias refers to a
+    node that holds it (``&a [*a]``: infinite)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    pending: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while pending:
+        node, children_done = pending.pop()
+        children = _children(node)
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(1 + sum(sizes[id(child)] for child in children), 1 << 62)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            return -1
+        open_nodes.add(id(node))
+        pending.append((node, True))
+        pending.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    return []
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` parsed as YAML within this module's limits (``yaml.YAMLError`` past them)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _describe_yaml_error(error: yaml.YAMLError) -> str:
@@ -151,17 +319,17 @@ def _parse_override(override: str) -> tuple[tuple[str, ...], Any]:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(
-            [f"--set {override}: expected KEY=VALUE, e.g. split.seed=3 or generate.train_size=100"]
+            [f"--set {_shown(override)}: expected KEY=VALUE, e.g. split.seed=3 or generate.train_size=100"]
         )
     keys = tuple(part.strip() for part in key.split("."))
     if any(not part for part in keys):
-        raise ConfigError([f"--set {override}: empty key segment in {key!r}"])
+        raise ConfigError([f"--set {_shown(override)}: empty key segment in {key!r}"])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or str(error)
         raise ConfigError(
-            [f"--set {override}: the value {raw!r} is not valid YAML ({problem}); quote it"]
+            [f"--set {_shown(override)}: the value {raw!r} is not valid YAML ({problem}); quote it"]
         ) from None
     return keys, value
 
@@ -175,7 +343,7 @@ def _set_nested(data: dict[str, Any], keys: tuple[str, ...], value: Any, overrid
         elif not isinstance(child, dict):
             where = ".".join(keys[: depth + 1])
             raise ConfigError(
-                [f"--set {override}: '{where}' is {_kind(child)}, not a mapping of keys"]
+                [f"--set {_shown(override)}: '{where}' is {_kind(child)}, not a mapping of keys"]
             )
         node = child
     node[keys[-1]] = value
@@ -196,6 +364,8 @@ def _describe(
             problems.append(f"{label}: {_unknown_key(model_cls, detail['loc'])}")
             continue
         message = detail["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if detail["type"] == "int_parsing_size":  # pydantic: "Unable to parse input string..."
+            message = "Input is too large a number for this integer field"
         if detail["type"] not in ("missing", "value_error", "assertion_error"):
             got = _short_repr(detail.get("input"))
             if got is not None:
@@ -217,8 +387,13 @@ def _origin_of(loc: tuple[str, ...], origin: str, overridden: dict[tuple[str, ..
     for keys, override in reversed(overridden.items()):
         size = min(len(keys), len(loc))
         if size and keys[:size] == loc[:size]:
-            return f"--set {override}"
+            return f"--set {_shown(override)}"
     return origin
+
+
+def _shown(override: str) -> str:
+    """An override as a message names it: a long value cut, so the reason after it shows."""
+    return quoted(override, limit=200)
 
 
 def _has_key(data: Any, keys: tuple[str, ...]) -> bool:

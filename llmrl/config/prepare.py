@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llmrl.config.loading import ConfigModel
+from llmrl.config.loading import MAX_ROWS, MAX_SEED, MAX_TEXT_CHARS, ConfigModel
 
 TaskName = Literal["arithmetic", "gsm8k", "math", "countdown", "ifeval"]
 
@@ -47,9 +47,18 @@ class GenerateConfig(ConfigModel):
         GenerateConfig(train_size=2000, eval_size=200, options={"digits": 3})
     """
 
-    train_size: int = Field(2000, ge=1, description="number of training problems to generate")
-    eval_size: int = Field(200, ge=0, description="number of evaluation problems to generate")
-    seed: int = Field(0, description="seed of the generator; the same seed gives the same problems")
+    train_size: int = Field(
+        2000, ge=1, le=MAX_ROWS, description="number of training problems to generate"
+    )
+    eval_size: int = Field(
+        200, ge=0, le=MAX_ROWS, description="number of evaluation problems to generate"
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="seed of the generator; the same seed gives the same problems",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="keyword arguments of the task's constructor, e.g. {digits: 3} for arithmetic",
@@ -74,7 +83,9 @@ class SplitConfig(ConfigModel):
         lt=1,
         description="expected share of rows that go to the eval split (0 = no eval split)",
     )
-    seed: int = Field(0, description="seed of the hash that assigns rows to splits")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="seed of the hash that assigns rows to splits"
+    )
 
 
 class PrepareConfig(ConfigModel):
@@ -164,10 +175,16 @@ class PrepareConfig(ConfigModel):
         ),
     )
     max_rows: int | None = Field(
-        None, ge=1, description="read at most this many rows from each source (null = all)"
+        None,
+        ge=1,
+        le=MAX_ROWS,
+        description="read at most this many rows from each source (null = all)",
     )
     max_row_chars: int = Field(
-        100_000, ge=1, description="a row field longer than this many characters is invalid"
+        100_000,
+        ge=1,
+        le=MAX_TEXT_CHARS,
+        description="a row field longer than this many characters is invalid",
     )
     output_dir: Path = Field(
         Path("data/prepared"),

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmrl.config.common import CheckpointConfig, LoraSettings, OptimizerConfig, StageConfig
+from llmrl.config.loading import MAX_BATCH, MAX_STEPS, MAX_TOKENS
 
 DEFAULT_MINOR_SFT_BETA = 0.1
 """MinorSFT's ``beta`` when ``minor_sft_beta`` is not set."""
@@ -24,10 +25,12 @@ class SFTConfig(StageConfig):
     """
 
     output_dir: str = Field("runs/sft", description="where checkpoints and outputs go")
-    steps: int = Field(100, ge=1, description="optimizer steps")
-    batch_size: int = Field(8, ge=1, description="examples per micro-batch")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    max_length: int = Field(512, ge=8, description="drop examples longer than this (tokens)")
+    steps: int = Field(100, ge=1, le=MAX_STEPS, description="optimizer steps")
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="examples per micro-batch")
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
+    max_length: int = Field(
+        512, ge=8, le=MAX_TOKENS, description="drop examples longer than this (tokens)"
+    )
     loss_function: Literal["sft", "minor_sft"] = Field(
         "sft",
         description="sft: NLL of the assistant tokens; minor_sft: MinorSFT, "
@@ -51,8 +54,12 @@ class SFTConfig(StageConfig):
     normalize_by_seq_length: bool = Field(
         False, description="average the NLL per sequence first, then over sequences"
     )
-    eval_every: int = Field(25, ge=1, description="evaluate the loss on eval rows every N steps")
-    eval_batches: int = Field(4, ge=1, description="eval micro-batches per evaluation")
+    eval_every: int = Field(
+        25, ge=1, le=MAX_STEPS, description="evaluate the loss on eval rows every N steps"
+    )
+    eval_batches: int = Field(
+        4, ge=1, le=MAX_BATCH, description="eval micro-batches per evaluation"
+    )
     optimizer: OptimizerConfig = Field(
         default_factory=lambda: OptimizerConfig(lr=2e-5, warmup_steps=5),
         description="optimizer and schedule",

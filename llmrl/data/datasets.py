@@ -45,8 +45,11 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal
+
+from llmrl.config.loading import quoted
 
 FILE_FORMATS = (".jsonl", ".json", ".parquet")
 SUPPORTED = (
@@ -58,6 +61,14 @@ _CHUNK = 1 << 20
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 SourceKind = Literal["jsonl", "json", "parquet", "directory", "hub"]
+
+MAX_ROW_BYTES = 1 << 26
+"""A JSONL line longer than this (64 MiB) is refused without being held whole in memory."""
+MAX_JSON_DEPTH = 64
+"""JSON lists and objects nested deeper than this are refused (rows nest ~3 deep); checked
+before parsing, so Python's recursion limit never decides."""
+MAX_PROBLEM_CHARS = 1000
+"""A :class:`DatasetError`'s problem text is cut to this many characters."""
 
 
 class DatasetError(ValueError):
@@ -82,11 +93,11 @@ class DatasetError(ValueError):
         field: str | None = None,
         reason: str | None = None,
     ) -> None:
-        self.problem = problem
+        self.problem = quoted(problem, MAX_PROBLEM_CHARS)
         self.file = None if file is None else str(file)
         self.row = row
         self.line = line
-        self.field = field
+        self.field = None if field is None else quoted(field)
         self.reason = reason
         parts = [part for part in (self.file,) if part]
         if row is not None:
@@ -94,8 +105,8 @@ class DatasetError(ValueError):
         if line is not None:
             parts.append(f"line {line}")
         if field is not None:
-            parts.append(f"field '{field}'")
-        super().__init__(": ".join([*parts, problem]))
+            parts.append(f"field '{self.field}'")
+        super().__init__(": ".join([*parts, self.problem]))
 
     def __reduce__(self) -> tuple:
         kwargs = {
@@ -261,19 +272,21 @@ def sha256_file(path: str | Path) -> str:
 
 def _read_jsonl(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
     with open(source.location, "rb") as stream:
-        for number, raw in enumerate(stream, start=1):
+        number = 0
+        while raw := stream.readline(MAX_ROW_BYTES + 1):
+            number += 1
+            if len(raw.rstrip(b"\r\n")) > MAX_ROW_BYTES:
+                raise DatasetError(
+                    f"the line is over {MAX_ROW_BYTES} bytes (MAX_ROW_BYTES); is this a JSONL "
+                    "file, one object per line?",
+                    file=source.spec,
+                    line=number,
+                    reason="too_long",
+                )
             text = _decode(raw, source.spec, number, strip_bom=number == 1)
             if not text.strip():
                 continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise DatasetError(
-                    f"invalid JSON: {error.msg} (column {error.colno})",
-                    file=source.spec,
-                    line=number,
-                    reason="invalid_json",
-                ) from None
+            row = load_json_line(text, source.spec, number)
             if not isinstance(row, dict):
                 raise DatasetError(
                     f"expected a JSON object per line, got {_json_kind(row)}",
@@ -284,9 +297,33 @@ def _read_jsonl(source: DataSource, columns: Sequence[str] | None) -> Iterator[t
             yield number, row
 
 
+def load_json_line(text: str, file: str, number: int) -> Any:
+    """Line ``number`` of the JSONL ``file`` parsed, within :data:`MAX_JSON_DEPTH` and without
+    lone surrogates; a :class:`DatasetError` naming the file and line (row) otherwise.
+
+    Example:
+        >>> load_json_line('{"q": "2+2?"}', "a.jsonl", 1)
+        {'q': '2+2?'}
+    """
+    _check_depth(text, file, number)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DatasetError(
+            f"invalid JSON: {error.msg} (column {error.colno})",
+            file=file,
+            line=number,
+            reason="invalid_json",
+        ) from None
+    if isinstance(value, dict):
+        _check_unicode(value, text, file, number)
+    return value
+
+
 def _read_json(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
     raw = Path(source.location).read_bytes()
     text = _decode(raw, source.spec, None, strip_bom=True)
+    _check_depth(text, source.spec, None)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -311,7 +348,68 @@ def _read_json(source: DataSource, columns: Sequence[str] | None) -> Iterator[tu
                 row=number,
                 reason="not_an_object",
             )
+        _check_unicode(row, text, source.spec, number)
         yield number, row
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]++")
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def json_depth(text: str) -> int:
+    """How deep the lists and objects of the JSON ``text`` nest, found without parsing it (in
+    linear time, without recursion): brackets inside strings do not count.
+
+    Example:
+        >>> json_depth('{"a": [1, {"b": "[[["}]}')
+        3
+    """
+    if text.count("[") + text.count("{") <= 1:
+        return text.count("[") + text.count("{")
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(map(_NESTING.__getitem__, brackets)), default=0)
+
+
+def _check_depth(text: str, file: str, line: int | None) -> None:
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise DatasetError(
+            f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}",
+            file=file,
+            line=line,
+            reason="too_deep",
+        )
+
+
+def _check_unicode(row: dict[str, Any], text: str, file: str, row_number: int) -> None:
+    """Refuse a row holding a lone surrogate (a ``\\ud800`` escape without its pair): it is
+    not Unicode text, and writing or tokenizing it fails later, far from the file."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return
+    pending: list[tuple[str, Any]] = [(str(key), value) for key, value in row.items()]
+    pending += [(str(key), key) for key in row]
+    while pending:
+        field, value = pending.pop()
+        if isinstance(value, dict):
+            pending += [(field, item) for pair in value.items() for item in pair]
+        elif isinstance(value, list):
+            pending += [(field, item) for item in value]
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise DatasetError(
+                    f"invalid Unicode: a lone surrogate {quoted(value[error.start])} at "
+                    f"character {error.start + 1} (a \\uD800-\\uDFFF escape without its pair)",
+                    file=file,
+                    row=row_number,
+                    field=field,
+                    reason="invalid_unicode",
+                ) from None
 
 
 def _read_parquet(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:

@@ -50,6 +50,7 @@ from llmrl.data.datasets import (
     DataSource,
     count_rows,
     fingerprint,
+    load_json_line,
     read_rows,
     require_datasets,
     require_fields,
@@ -196,8 +197,9 @@ def load_prepared(path: str | Path) -> tuple[list[Problem], list[Problem]]:
         with file.open(encoding="utf-8") as lines:
             problems = []
             for number, line in enumerate(lines, start=1):
+                row = load_json_line(line, str(file), number)
                 try:
-                    problems.append(Problem(**json.loads(line)))
+                    problems.append(Problem(**row))
                 except (ValueError, TypeError) as error:
                     raise DatasetError(
                         f"not a prepared problem ({error})", file=file, row=number

@@ -202,11 +202,15 @@ def make_preexec(
     max_processes: int,
     allow_network: bool,
     drop_to: int | None,
+    boundary: bool = False,
 ):
     """The ``preexec_fn`` that confines the child between ``fork`` and ``exec``.
 
     Runs after ``start_new_session`` (setsid). Namespace, capability and seccomp steps are
-    best effort (refusals are ignored); the uid drop, when asked for, must succeed.
+    best effort (refusals are ignored); the uid drop, when asked for, must succeed. With
+    ``boundary`` the child execs bubblewrap (``_bubblewrap.py``), which makes the namespaces,
+    mounts and seccomp filter itself: only rlimits (but ``RLIMIT_NPROC``, set by the guard
+    inside), the uid drop, ``no_new_privs`` and the parent-death signal are set here.
     """
     import ctypes
     import resource
@@ -226,7 +230,7 @@ def make_preexec(
 
     def preexec() -> None:
         userns = False
-        if libc is not None:
+        if libc is not None and not boundary:
             flags = _CLONE_NEWNS | (0 if allow_network else _CLONE_NEWNET)
             if libc.unshare(flags | (0 if root else _CLONE_NEWUSER)) == 0:
                 userns = not root
@@ -238,12 +242,13 @@ def make_preexec(
             os.setgroups([])
             os.setgid(drop_to)
             os.setuid(drop_to)
-        elif root and libc is not None:  # stay uid 0 but with no capabilities at all
+        elif root and libc is not None and not boundary:  # uid 0 without any capability
             header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
             libc.capset(header, (ctypes.c_uint32 * 6)())
         if libc is not None:
             prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # after setuid, which clears it
             prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if libc is not None and not boundary:
             program = seccomp_program(
                 os.getpid(), max_processes=max_processes, allow_network=allow_network
             )
@@ -255,7 +260,7 @@ def make_preexec(
         lower(resource.RLIMIT_NOFILE, 64)
         lower(resource.RLIMIT_FSIZE, max_file_mb << 20)
         lower(resource.RLIMIT_CPU, cpu_s, cpu_s + 1)  # SIGXCPU first, SIGKILL a second later
-        if drop_to is not None or userns:  # per-uid (or per-namespace) count: meaningful here
+        if not boundary and (drop_to is not None or userns):  # per-uid/namespace count
             lower(resource.RLIMIT_NPROC, 1 + max_processes + THREAD_ALLOWANCE)
         lower(resource.RLIMIT_AS, memory_mb << 20)  # last: later allocations could fail
 
@@ -318,46 +323,63 @@ def remove_tree(path: str) -> None:
 
 
 _PROBE = """import json, os
-status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
-mounts = {line.split()[4]: line.split()[5] for line in open('/proc/self/mountinfo')}
+if os.path.exists('/proc/self/status'):
+    status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
+    mounts = {line.split()[4]: line.split()[5] for line in open('/proc/self/mountinfo')}
+    info = {k: os.stat('/proc/self/ns/' + k).st_ino for k in ('net', 'user', 'pid')}
+    info.update(seccomp=status['Seccomp'].strip(), ro=mounts['/'])
+else:  # bubblewrap without /proc: it fails rather than start without its namespaces
+    info = {}
 open('probe', 'w').close()
-ns = {k: os.stat('/proc/self/ns/' + k).st_ino for k in ('net', 'user')}
-print(json.dumps({**ns, 'seccomp': status['Seccomp'].strip(), 'ro': mounts['/']}))
+info['shadow'] = os.path.exists('/etc/shadow')
+print(json.dumps(info))
 """
 
 
-def probe(interpreter: str, preexec_for, drop: bool) -> dict[str, bool]:
-    """Start ``interpreter`` confined like a snippet and report the layers it ended up in."""
+def probe(command_for, preexec_for, drop: bool) -> dict[str, bool]:
+    """Start an interpreter confined like a snippet and report the layers it ended up in.
+
+    ``command_for(workdir, argv)`` is a context manager giving the launch (``.command``,
+    ``.fds``: see ``_bubblewrap.Launch``) that runs ``argv`` (the interpreter's arguments).
+    """
     import json
     import subprocess
     import tempfile
 
-    parent = {k: os.stat(f"/proc/self/ns/{k}").st_ino for k in ("net", "user")}
+    parent = {k: os.stat(f"/proc/self/ns/{k}").st_ino for k in ("net", "user", "pid")}
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="llmrl-sandbox-probe-"))
     try:
         if drop:
             os.chown(workdir, NOBODY, NOBODY)
-        proc = subprocess.run(
-            [interpreter, "-I", "-B", "-c", _PROBE],
-            cwd=workdir,
-            env=child_env(workdir),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            start_new_session=True,
-            preexec_fn=preexec_for(workdir),
-        )
+        with command_for(workdir, ["-I", "-B", "-c", _PROBE]) as launch:
+            proc = subprocess.run(
+                launch.command,
+                cwd=workdir,
+                env=child_env(workdir),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                start_new_session=True,
+                pass_fds=launch.fds,
+                preexec_fn=preexec_for(workdir),
+            )
     finally:
         remove_tree(workdir)
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
+        raise RuntimeError(proc.stderr[-2000:].strip() or f"exit status {proc.returncode}")
     info = json.loads(proc.stdout)
+    if "seccomp" not in info:  # no /proc: only bubblewrap starts it so, with every namespace
+        return {"seccomp": True, "netns": True, "userns": True, "pidns": True, "proc": False,
+                "readonly_fs": True, "host_files": info["shadow"]}  # fmt: skip
     return {
         "seccomp": info["seccomp"] == "2",
         "netns": info["net"] != parent["net"],
         "userns": info["user"] != parent["user"],
+        "pidns": info["pid"] != parent["pid"],
+        "proc": True,
         "readonly_fs": "ro" in info["ro"].split(","),
+        "host_files": info["shadow"],
     }
 
 
@@ -516,6 +538,12 @@ def child_main(config: str) -> None:
     import types
 
     cfg = json.loads(config)
+    if cfg.get("nproc"):  # under bubblewrap: counts this sandbox's user namespace only
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        n = cfg["nproc"] if hard == resource.RLIM_INFINITY else min(cfg["nproc"], hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
     root = os.path.realpath(cfg["root"])
     readable = read_roots()
     inside = tuple(r + "/" for r in readable)

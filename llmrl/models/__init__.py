@@ -1,6 +1,6 @@
 """Model and tokenizer loading: known names, local directories, GGUF files, hub ids."""
 
-from llmrl.models.errors import MissingExtraError, ModelSpecError
+from llmrl.models.errors import MissingExtraError, ModelSpecError, UnsafeModelError
 from llmrl.models.gguf_cache import cache_root, ensure_converted
 from llmrl.models.loading import as_dtype, load_model, load_tokenizer
 from llmrl.models.spec import DEFAULT_MODEL, KNOWN_MODELS, ModelSource, resolve_spec
@@ -12,6 +12,7 @@ __all__ = [
     "MissingExtraError",
     "ModelSource",
     "ModelSpecError",
+    "UnsafeModelError",
     "as_dtype",
     "cache_root",
     "ensure_converted",

@@ -22,3 +22,9 @@ class MissingExtraError(ImportError):
     def __reduce__(self) -> tuple:
         # Rebuild from the constructor's arguments, so the error survives pickling (Ray).
         return (type(self), (self.package, self.extra, self.purpose))
+
+
+class UnsafeModelError(ModelSpecError):
+    """A model folder would run code it carries (custom Python code, pickled weights, a chat
+    template reaching past its sandbox); the message names the ``model.*`` setting that allows
+    it, where one does."""

@@ -42,6 +42,7 @@ class TransformersEngine:
             the actor draws from that one stream, so steps stay independent draws.
         compile_decode: sample with the compiled static-KV decode
             (:mod:`llmrl.policies.static_decode`); None: on for a CUDA engine, off on a CPU.
+        load_options: ``trust_remote_code`` / ``allow_pickled_weights`` (``ModelConfig``).
     """
 
     model: str
@@ -53,6 +54,7 @@ class TransformersEngine:
     threads: int | None = None
     seed: int | None = None
     compile_decode: bool | None = None
+    load_options: dict[str, bool] = field(default_factory=dict)
 
     def __call__(self) -> Any:
         from llmrl.models import load_model, load_tokenizer
@@ -62,11 +64,12 @@ class TransformersEngine:
             torch.set_num_threads(self.threads)
         if self.seed is not None:
             torch.manual_seed(self.seed)
-        model = load_model(self.model, dtype=self.dtype, device=self.device)
+        model = load_model(self.model, dtype=self.dtype, device=self.device, **self.load_options)
         model.requires_grad_(False).eval()
+        trust = self.load_options.get("trust_remote_code", False)
         return TransformersWrapper(
             model,
-            load_tokenizer(self.model),
+            load_tokenizer(self.model, trust_remote_code=trust),
             generate_kwargs=self.generate_kwargs,
             min_batch_size=self.batch_rows,
             max_batch_size=self.batch_rows,
@@ -120,6 +123,7 @@ def start_engines(
     runtime_env: dict[str, Any] | None,
     seed: int | None = None,
     compile_decode: bool | None = None,
+    load_options: dict[str, bool] | None = None,
 ) -> EngineSet:
     """The engines of ``topology``: factories for the inference actors and, with vLLM, the
     ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine ``i`` samples
@@ -144,6 +148,7 @@ def start_engines(
                     threads,
                     engine_seed(index),
                     compile_decode,
+                    dict(load_options or {}),
                 )
                 for index in range(inference.engines)
             ]

@@ -69,6 +69,7 @@ def tool_env_options(task: Task, tools: ToolSettings | None) -> dict[str, Any]:
             timeout_s=python.timeout_s,
             memory_mb=python.memory_mb,
             max_output_chars=python.max_output_chars,
+            os_sandbox=python.os_sandbox,
         )
         transforms.append(PythonInterpreter(limits, max_blocks=python.max_blocks))
         instructions.append(PythonInterpreter.instructions)

@@ -158,6 +158,7 @@ class GRPORuntime:
             runtime_env=runtime_env,
             seed=config.seed,
             compile_decode=settings.compile_decode,
+            load_options=config.model.load_options,
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
         env_factory = TaskEnvFactory(
@@ -201,7 +202,11 @@ class GRPORuntime:
             from llmrl.runtime.reference import start_reference_actor
 
             self.reference = start_reference_actor(
-                self.placement, config.model.spec, config.model.dtype, runtime_env
+                self.placement,
+                config.model.spec,
+                config.model.dtype,
+                runtime_env,
+                load_options=config.model.load_options,
             )
             self._parts.append(lambda: _kill([self.reference]))
         self.advantage = MCAdvantage(

@@ -23,15 +23,21 @@ class ReferenceScorer:
     Args:
         model: the model spec the run starts from.
         dtype, device: where the copy lives.
+        load_options: ``trust_remote_code`` / ``allow_pickled_weights`` (``ModelConfig``).
     """
 
-    def __init__(self, model: str, dtype: str, device: str) -> None:
+    def __init__(
+        self, model: str, dtype: str, device: str, load_options: dict[str, bool] | None = None
+    ) -> None:
         from llmrl.envs.transforms import RetrieveLogProb
         from llmrl.models import load_model, load_tokenizer
         from llmrl.policies import TransformersWrapper
 
-        frozen = load_model(model, dtype=dtype, device=device).requires_grad_(False).eval()
-        self._retrieve = RetrieveLogProb(TransformersWrapper(frozen, load_tokenizer(model)))
+        options = load_options or {}
+        frozen = load_model(model, dtype=dtype, device=device, **options)
+        frozen.requires_grad_(False).eval()
+        tokenizer = load_tokenizer(model, trust_remote_code=options.get("trust_remote_code", False))
+        self._retrieve = RetrieveLogProb(TransformersWrapper(frozen, tokenizer))
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` with ``ref_log_probs`` written."""
@@ -41,8 +47,10 @@ class ReferenceScorer:
 class ReferenceActor:
     """A :class:`ReferenceScorer` as a Ray actor on the dedicated reference's GPUs."""
 
-    def __init__(self, model: str, dtype: str, device: str) -> None:
-        self._scorer = ReferenceScorer(model, dtype, device)
+    def __init__(
+        self, model: str, dtype: str, device: str, load_options: dict[str, bool] | None = None
+    ) -> None:
+        self._scorer = ReferenceScorer(model, dtype, device, load_options)
 
     def ready(self) -> bool:
         """True once the model is loaded."""
@@ -54,7 +62,11 @@ class ReferenceActor:
 
 
 def start_reference_actor(
-    placement: Any, model: str, dtype: str, runtime_env: dict[str, Any] | None
+    placement: Any,
+    model: str,
+    dtype: str,
+    runtime_env: dict[str, Any] | None,
+    load_options: dict[str, bool] | None = None,
 ) -> Any:
     """The dedicated reference actor on ``placement.reference``'s first bundle (one GPU)."""
     import ray
@@ -66,4 +78,5 @@ def start_reference_actor(
     }
     if runtime_env:
         options["runtime_env"] = runtime_env
-    return ray.remote(ReferenceActor).options(**options).remote(model, dtype, "cuda")
+    actor = ray.remote(ReferenceActor).options(**options)
+    return actor.remote(model, dtype, "cuda", load_options)

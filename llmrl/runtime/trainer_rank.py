@@ -81,7 +81,9 @@ class TrainerRank:
         distributed.init_group(
             self.rank, self.world_size, address, port, config.runtime.collective_timeout_s
         )
-        self.tokenizer = load_tokenizer(config.model.spec)
+        self.tokenizer = load_tokenizer(
+            config.model.spec, trust_remote_code=config.model.trust_remote_code
+        )
         if self.rank == 0:
             self.precision.warn_if_pure()
         model = load_trainable_model(config.model, config.lora)  # float32 masters when mixed
@@ -97,7 +99,10 @@ class TrainerRank:
             from llmrl.runtime.reference import ReferenceScorer
 
             self.reference = ReferenceScorer(
-                config.model.spec, config.model.dtype, config.model.device
+                config.model.spec,
+                config.model.dtype,
+                config.model.device,
+                load_options=config.model.load_options,
             )
         logger.info(
             "trainer rank %d/%d ready (%s%s)",

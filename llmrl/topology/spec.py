@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmrl.config.loading import ConfigModel
+from llmrl.config.loading import MAX_CLUSTER, ConfigModel
 
 Backend = Literal["vllm", "transformers"]
 Strategy = Literal["single", "ddp", "fsdp"]
@@ -103,13 +103,19 @@ class InferenceSpec(ConfigModel):
             "process per engine on CPU or one GPU, for development clusters)"
         ),
     )
-    engines: int = Field(1, ge=1, description="number of independent inference engines")
+    engines: int = Field(
+        1, ge=1, le=MAX_CLUSTER, description="number of independent inference engines"
+    )
     tensor_parallel_size: int = Field(
-        1, ge=1, description="GPUs each vllm engine shards its model over (1 for transformers)"
+        1,
+        ge=1,
+        le=MAX_CLUSTER,
+        description="GPUs each vllm engine shards its model over (1 for transformers)",
     )
     gpus_per_engine: int | None = Field(
         None,
         ge=0,
+        le=MAX_CLUSTER,
         description=(
             "GPUs each engine's pod requests; derived when left out (tensor_parallel_size for "
             "vllm, 0 for transformers) and must agree with the backend when given (0 or 1 for "
@@ -122,8 +128,12 @@ class InferenceSpec(ConfigModel):
         le=1,
         description="share of each GPU's memory vllm may take (lower it when colocated)",
     )
-    cpus_per_engine: float = Field(4.0, gt=0, description="CPU cores of each engine")
-    memory_gb: float = Field(32.0, gt=0, description="memory of each engine's pod, in GiB")
+    cpus_per_engine: float = Field(
+        4.0, gt=0, le=MAX_CLUSTER, description="CPU cores of each engine"
+    )
+    memory_gb: float = Field(
+        32.0, gt=0, le=MAX_CLUSTER, description="memory of each engine's pod, in GiB"
+    )
     scheduling: SchedulingSpec = _scheduling_field()
 
     @property
@@ -172,10 +182,11 @@ class TrainerSpec(ConfigModel):
         }
     )
 
-    gpus: int = Field(1, ge=0, description="GPUs of the trainer (0 trains on CPU)")
+    gpus: int = Field(1, ge=0, le=MAX_CLUSTER, description="GPUs of the trainer (0 trains on CPU)")
     ranks: int | None = Field(
         None,
         ge=1,
+        le=MAX_CLUSTER,
         description=(
             "trainer processes (torch.distributed ranks); derived when left out: gpus when > 0, "
             "else 1; with GPUs it must equal gpus (one rank per GPU)"
@@ -188,8 +199,10 @@ class TrainerSpec(ConfigModel):
             "ddp and fsdp need at least 2 ranks (2 GPUs, or gpus 0 and ranks >= 2 on CPU)"
         ),
     )
-    cpus: float = Field(8.0, gt=0, description="CPU cores of the trainer's pod")
-    memory_gb: float = Field(64.0, gt=0, description="memory of the trainer's pod, in GiB")
+    cpus: float = Field(8.0, gt=0, le=MAX_CLUSTER, description="CPU cores of the trainer's pod")
+    memory_gb: float = Field(
+        64.0, gt=0, le=MAX_CLUSTER, description="memory of the trainer's pod, in GiB"
+    )
     scheduling: SchedulingSpec = _scheduling_field()
 
     @property
@@ -230,9 +243,15 @@ class ReferenceSpec(ConfigModel):
         "with_trainer",
         description="'with_trainer' (shares the trainer), 'dedicated' (own GPUs) or 'none'",
     )
-    gpus: int = Field(0, ge=0, description="GPUs of a dedicated reference (0 otherwise)")
-    cpus: float = Field(4.0, gt=0, description="CPU cores of a dedicated reference's pod")
-    memory_gb: float = Field(32.0, gt=0, description="memory of a dedicated reference, in GiB")
+    gpus: int = Field(
+        0, ge=0, le=MAX_CLUSTER, description="GPUs of a dedicated reference (0 otherwise)"
+    )
+    cpus: float = Field(
+        4.0, gt=0, le=MAX_CLUSTER, description="CPU cores of a dedicated reference's pod"
+    )
+    memory_gb: float = Field(
+        32.0, gt=0, le=MAX_CLUSTER, description="memory of a dedicated reference, in GiB"
+    )
     scheduling: SchedulingSpec = _scheduling_field()
 
 
@@ -244,9 +263,13 @@ class EnvWorkerSpec(ConfigModel):
         EnvWorkerSpec(count=8, cpus_each=2, memory_gb=4)
     """
 
-    count: int = Field(4, ge=0, description="number of environment workers")
-    cpus_each: float = Field(1.0, gt=0, description="CPU cores of each environment worker")
-    memory_gb: float = Field(2.0, gt=0, description="memory of each environment worker, in GiB")
+    count: int = Field(4, ge=0, le=MAX_CLUSTER, description="number of environment workers")
+    cpus_each: float = Field(
+        1.0, gt=0, le=MAX_CLUSTER, description="CPU cores of each environment worker"
+    )
+    memory_gb: float = Field(
+        2.0, gt=0, le=MAX_CLUSTER, description="memory of each environment worker, in GiB"
+    )
     scheduling: SchedulingSpec = _scheduling_field()
 
 

@@ -106,8 +106,13 @@ def evaluate(config: EvalConfig) -> EvalReport:
     problems = problems[: config.data.max_eval_rows]
     if not problems:
         raise ConfigError([f"data.path: {config.data.path}: the eval split is empty"])
-    tokenizer = load_tokenizer(config.model.spec)
-    model = load_model(config.model.spec, dtype=config.model.dtype, device=config.model.device)
+    tokenizer = load_tokenizer(config.model.spec, trust_remote_code=config.model.trust_remote_code)
+    model = load_model(
+        config.model.spec,
+        dtype=config.model.dtype,
+        device=config.model.device,
+        **config.model.load_options,
+    )
     logger.info("Evaluating %s on %d %s problems", config.model.spec, len(problems), task.name)
 
     def env(repeats: int) -> TaskEnv:

@@ -40,6 +40,7 @@ class FrozenReference:
         dtype: str,
         device: str,
         out_key: str = "ref_log_probs",
+        load_options: dict[str, bool] | None = None,
     ) -> None:
         from llmrl.policies import TransformersWrapper
 
@@ -49,7 +50,7 @@ class FrozenReference:
         else:
             from llmrl.models import load_model
 
-            reference = load_model(spec, dtype=dtype, device=device)
+            reference = load_model(spec, dtype=dtype, device=device, **(load_options or {}))
             reference.requires_grad_(False).eval()
         self.model = reference
         self.out_key = out_key

@@ -145,7 +145,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
     seed_everything(config.seed)
     task, manifest = prepared_task(config.data.path)
     train_rows, eval_rows = load_prepared(config.data.path)
-    tokenizer = load_tokenizer(config.model.spec)
+    tokenizer = load_tokenizer(config.model.spec, trust_remote_code=config.model.trust_remote_code)
     train = _fits(
         chat_examples(train_rows[: config.data.max_train_rows], task), tokenizer, config.max_length
     )
@@ -170,7 +170,12 @@ def run_sft(config: SFTConfig) -> SFTResult:
     )
     reference = (
         FrozenReference(
-            model, tokenizer, config.model.spec, config.model.dtype, config.model.device
+            model,
+            tokenizer,
+            config.model.spec,
+            config.model.dtype,
+            config.model.device,
+            load_options=config.model.load_options,
         )
         if config.reference
         else None

@@ -17,7 +17,12 @@ def load_trainable_model(model: ModelConfig, lora: LoraSettings) -> torch.nn.Mod
     from llmrl.models import load_model
 
     precision = TrainingPrecision.of(model)
-    loaded = load_model(model.spec, dtype=precision.load_dtype(lora.enabled), device=model.device)
+    loaded = load_model(
+        model.spec,
+        dtype=precision.load_dtype(lora.enabled),
+        device=model.device,
+        **model.load_options,
+    )
     return make_trainable(loaded, model, lora)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,9 @@ import yaml
 from pydantic import Field
 
 from llmrl.config import ConfigError, ConfigModel, PrepareConfig, dump_config, load_config
+from llmrl.config.evaluate import EvalConfig
+from llmrl.config.grpo import GRPOConfig
+from llmrl.config.sft import SFTConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -268,3 +274,126 @@ def test_prepare_config_value_errors():
         p.startswith("--set on_invalid=drop: on_invalid: Input should be 'error'") for p in listed
     )
     assert any(p.startswith("--set generate.train_size=0: generate.train_size:") for p in listed)
+
+
+# ------------------------------------------------------------------------ bounded parsing
+
+BOMB = "generate:\n  options:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"    {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n"
+    for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+"""Billion laughs: nine levels of nine aliases each, 9**9 (387 million) strings once expanded."""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BOMB, "line 1, column 1: invalid YAML: more than 100000 values once its aliases are"),
+        ("a: " + "[" * 5000 + "]" * 5000, "invalid YAML: nested more than 64 levels deep"),
+        ("a: &a [*a]\n", "an alias inside the value it names (infinitely nested); refused"),
+        ("a: &a 1\nb: [" + ", ".join(["*a"] * 101) + "]\n", "more than 100 aliases; refused"),
+        ("seed: " + "9" * 5000 + "\n", "line 1, column 7: invalid YAML: an integer of 5000 digits"),
+    ],
+    ids=["alias-bomb", "deep-nesting", "recursive-alias", "many-aliases", "huge-int"],
+)
+def test_hostile_yaml_is_refused_naming_the_file_and_line(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(PrepareConfig, path)
+    assert raised.value.problems == [f"{path}: {raised.value.problems[0].split(': ', 1)[1]}"]
+    assert expected in str(raised.value)
+
+
+def test_a_config_file_over_the_size_limit_is_not_parsed(tmp_path):
+    path = write(tmp_path, "name: run\n" + "#" * (1 << 20))
+    with pytest.raises(ConfigError, match=r"config file is over 1048576 bytes"):
+        load_config(Root, path)
+
+
+def test_the_alias_bomb_is_refused_with_bounded_memory():
+    """In a fresh interpreter: peak RSS after the refusal minus after the imports (the bomb
+    expanded reaches gigabytes; refused while composing, it stays a few hundred nodes)."""
+    code = (
+        "import resource, sys\n"
+        "from llmrl.config import ConfigError, PrepareConfig, load_config\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    load_config(PrepareConfig, sys.argv[1])\n"
+        "except ConfigError:\n"
+        "    pass\n"
+        "else:\n"
+        "    sys.exit('accepted')\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = write(Path(folder), BOMB)
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 50_000  # KiB: 50 MB, where the expanded bomb takes > 2.5 GB
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("optimizer.lr=.inf", "optimizer.lr: Input should be a finite number (got inf)"),
+        ("optimizer.lr=.nan", "optimizer.lr: Input should be a finite number (got nan)"),
+        ("optimizer.lr=-.inf", "optimizer.lr: Input should be a finite number (got -inf)"),
+        ("optimizer.lr=3.0", "optimizer.lr: Input should be less than or equal to 1 (got 3.0)"),
+        ("optimizer.betas=[0.9, 1.0]", "optimizer.betas[1]: Input should be less than 1"),
+        ("optimizer.weight_decay=.nan", "optimizer.weight_decay: Input should be a finite number"),
+        ("optimizer.grad_clip=.inf", "optimizer.grad_clip: Input should be a finite number"),
+        ("steps=1000000000000000000000000000000", "steps: Input should be less than or equal to "
+         "10000000 (got 1000000000000000000000000000000)"),
+        ("steps=1.0e+30", "steps: Input is too large a number for this integer field"),
+        ("steps=1e30", "steps: Input should be a valid integer"),
+        ("batch_size=10000000", "batch_size: Input should be less than or equal to 1000000"),
+        ("max_length=.inf", "max_length: Input should be a finite number"),
+        ("seed=-1", "seed: Input should be greater than or equal to 0"),
+        ("kl_to_ref_coeff=.nan", "kl_to_ref_coeff: Input should be a finite number"),
+    ],
+)  # fmt: skip
+def test_numbers_are_finite_and_in_range_with_the_field_named(override, expected):
+    with pytest.raises(ConfigError) as raised:
+        load_config(SFTConfig, None, ["data.path=x", override])
+    assert len(raised.value.problems) == 1
+    assert raised.value.problems[0].startswith(f"--set {override}: ")
+    assert expected in raised.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("num_samples=100000000", "num_samples"),
+        ("prompts_per_step=100000000", "prompts_per_step"),
+        ("generation.max_new_tokens=100000000", "generation.max_new_tokens"),
+        ("generation.temperature=.nan", "generation.temperature"),
+        ("runtime.collective_timeout_s=.inf", "runtime.collective_timeout_s"),
+        ("runtime.placement_timeout_s=1.0e+9", "runtime.placement_timeout_s"),
+        ("loss.clip_epsilon=.nan", "loss.clip_epsilon"),
+        ("topology.trainer.memory_gb=.inf", "topology.trainer.memory_gb"),
+        ("topology.env_workers.count=10000000", "topology.env_workers.count"),
+    ],
+)
+def test_grpo_numbers_are_bounded(override, field):
+    with pytest.raises(ConfigError) as raised:
+        load_config(GRPOConfig, None, ["data.path=x", override])
+    assert f"--set {override}: {field}" in str(raised.value)
+
+
+def test_the_defaults_and_shipped_configs_stay_valid():
+    for model in (SFTConfig, GRPOConfig, EvalConfig):
+        load_config(model, None, ["data.path=x"])
+    load_config(PrepareConfig, None)
+    shipped = {
+        "sft": SFTConfig,
+        "grpo": GRPOConfig,
+        "grpo-distributed": GRPOConfig,
+        "eval": EvalConfig,
+        "prepare": PrepareConfig,
+        "prepare-gsm8k": PrepareConfig,
+    }
+    for name, model in shipped.items():
+        overrides = [] if model is PrepareConfig else ["data.path=x"]
+        load_config(model, REPO / "configs" / f"{name}.yaml", overrides)  # fmt: skip

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 
+import llmrl.data.datasets as datasets_module
 from llmrl.data.datasets import (
     DatasetError,
     MissingDatasetsError,
@@ -239,3 +240,55 @@ def test_dataset_error_message_and_pickling():
     assert str(error) == "data/train.jsonl: row 17: field 'answer': expected a string, got int"
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == str(error) and copy.field == "answer" and copy.row == 17
+
+
+# ------------------------------------------------------------------- bounded row reading
+
+
+def test_a_line_over_the_row_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets_module, "MAX_ROW_BYTES", 1000)
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"q": "ok"}\n' + json.dumps({"q": "x" * 5000}) + '\n{"q": "after"}\n')
+    rows = read_rows(path)
+    assert next(rows) == (1, {"q": "ok"})
+    with pytest.raises(DatasetError) as raised:
+        next(rows)
+    assert str(raised.value).startswith(f"{path}: line 2: the line is over 1000 bytes")
+    assert raised.value.reason == "too_long"
+
+
+def test_json_nesting_is_measured_without_recursion():
+    assert datasets_module.json_depth('{"a": [1, {"b": "[[[{{"}], "c": "\\\\\\"["}') == 3
+    assert datasets_module.json_depth("[" * 1_000_000) == 1_000_000  # no RecursionError
+    assert datasets_module.json_depth('"' + "[" * 10) == 10  # an unclosed string: brackets count
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"q": ' + "[" * 65 + "]" * 65 + "}", "line 1: JSON nested 66 levels deep"),
+        ('{"q": "\\ud83d"}', "row 1: field 'q': invalid Unicode: a lone surrogate \\ud83d"),
+        ('{"q": ["ok", {"k": "\\udfff!"}]}', "row 1: field 'q': invalid Unicode"),
+        ('{"\\ud800": "value"}', "row 1: field '\\ud800': invalid Unicode"),
+    ],
+)
+def test_bad_json_lines_name_file_row_and_field(tmp_path, line, expected):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(DatasetError) as raised:
+        list(read_rows(path))
+    assert str(raised.value).startswith(f"{path}: {expected}")
+
+
+def test_surrogate_pairs_and_deep_but_allowed_rows_still_read(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"q": "\\ud83d\\ude00", "n": ' + "[" * 63 + "]" * 63 + "}\n")
+    assert [row["q"] for _, row in read_rows(path)] == ["\U0001f600"]
+
+
+def test_user_text_in_errors_is_cut_and_its_control_characters_escaped():
+    error = DatasetError("bad value " + "v" * 50_000_000, file="a.jsonl", row=2, field="\x1b[2J")
+    assert len(str(error)) < 1_100
+    assert str(error).startswith("a.jsonl: row 2: field '\\x1b[2J': bad value vvv")
+    assert str(error).endswith("vvv... (50000010 characters in all)")
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)

@@ -6,6 +6,9 @@ conversion, which takes about a second, so none of these tests is marked slow.
 
 from __future__ import annotations
 
+import json
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,8 @@ from llmrl.models import (
     load_tokenizer,
     resolve_spec,
 )
+from llmrl.models.errors import UnsafeModelError
+from llmrl.models.folder_checks import template_problem
 from llmrl.models.gguf_cache import converted_dir_for
 
 VOCAB = 49152
@@ -187,3 +192,99 @@ def test_bad_spec_fails_before_loading() -> None:
 def test_non_float_torch_dtypes_are_rejected(bad: torch.dtype) -> None:
     with pytest.raises(ValueError, match="is not a torch floating-point dtype"):
         as_dtype(bad)
+
+
+# Folders that would run code: refused before anything in them runs --------------------------
+MARKER = "PWNED"
+
+
+class _Payload:
+    """Unpickling this runs ``open(path, "w")``: the marker file appears."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _config_only(folder: Path, **extra) -> Path:
+    folder.mkdir()
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 64,
+              "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, **extra}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_pickled_weights_are_refused_and_never_unpickled(tmp_path: Path) -> None:
+    folder = _config_only(tmp_path / "pickled")
+    with open(folder / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"weight": _Payload(tmp_path / MARKER)}, f, protocol=2)
+    with pytest.raises(UnsafeModelError, match=r"pickled weights \(pytorch_model.bin\)") as error:
+        load_model(folder)
+    assert "model.allow_pickled_weights: true" in str(error.value)
+    assert not (tmp_path / MARKER).exists(), "the pickle was not loaded"
+    # allowed: transformers reads it with torch's weights_only unpickler, which refuses `open`
+    with pytest.raises(Exception, match=r"(?i)weights_only|unpickl|unsupported"):
+        load_model(folder, allow_pickled_weights=True)
+    assert not (tmp_path / MARKER).exists()
+
+
+def test_custom_code_is_refused_and_never_imported(tmp_path: Path, tiny_dir: Path) -> None:
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(tmp_path / MARKER)!r}, 'w')\n")
+    with pytest.raises(UnsafeModelError, match=r"asks to run its own Python code \(auto_map in"):
+        load_model(folder)
+    with pytest.raises(UnsafeModelError, match=r"set model\.trust_remote_code: true"):
+        load_tokenizer(folder)
+    assert not (tmp_path / MARKER).exists(), "evil.py was not imported"
+
+
+HOSTILE_TEMPLATES = {
+    "globals": "{{ cycler.__init__.__globals__.os.system('touch " + MARKER + "') }}",
+    "joiner": "{{ joiner.__init__.__globals__ }}",
+    "namespace": "{% set ns = namespace.__init__ %}{{ ns }}",
+    "subclasses": "{{ ().__class__.__base__.__subclasses__() }}",
+    "attr-filter": "{{ ''|attr('__class__') }}",
+    "computed-attr": "{{ ''|attr('_' * 2 ~ 'class' ~ '_' * 2) }}",
+    "item": "{{ messages['__class__'] }}",
+    "lipsum": "{{ lipsum.func_globals }}",
+    "generator": "{% for m in messages %}{{ loop.gi_frame }}{% endfor %}",
+    "mutate": "{% set x = [] %}{{ x.append(1) }}",
+    "power": "{{ 'a' * 9 ** 99 }}",
+    "generation-tag": "{% generation %}{{ self.__init__ }}{% endgeneration %}",
+}
+
+
+@pytest.mark.parametrize("template", HOSTILE_TEMPLATES.values(), ids=HOSTILE_TEMPLATES.keys())
+def test_a_hostile_chat_template_is_refused(tmp_path: Path, tiny_dir: Path, template) -> None:
+    folder = tmp_path / "templated"
+    shutil.copytree(tiny_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**settings, "chat_template": template})
+    )
+    with pytest.raises(UnsafeModelError, match=r"the chat template in tokenizer_config.json"):
+        load_tokenizer(folder)
+    with pytest.raises(UnsafeModelError, match="no setting allows it"):
+        load_model(folder)
+    assert not list(tmp_path.rglob(MARKER))
+
+
+def test_usual_chat_templates_pass(tokenizer) -> None:
+    qwen_like = (
+        "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+        "{%- for message in messages[::-1] %}{%- set ns.last_query_index = loop.index0 %}"
+        "{%- endfor %}{% generation %}{{ message.content|trim }}{% endgeneration %}"
+        "{{ cycler('a', 'b').next() }}{{ tools|tojson(indent=2) }}"
+        "{{ raise_exception('no') if false }}"
+    )
+    assert template_problem(tokenizer.chat_template) is None, "SmolLM2's"
+    assert template_problem(qwen_like) is None
+    assert "not valid Jinja" in template_problem("{% for %}")

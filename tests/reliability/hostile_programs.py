@@ -7,7 +7,10 @@ A program may name what its test provides through placeholders, filled by :func:
 * ``@ESCAPE@``: an absolute path outside the sandbox that must never be created;
 * ``@OUTSIDE@``: an absolute path outside the sandbox to a file holding a secret;
 * ``@SECRET@``: the name of an environment variable of the caller holding a secret;
-* ``@MARKER@``: a unique string the program puts on the command line of what it starts.
+* ``@MARKER@``: a unique string the program puts on the command line of what it starts;
+* ``@OUTSIDEDB@``: an absolute path outside the sandbox to an SQLite database holding a secret;
+* ``@SHM@``: the name of a POSIX shared-memory segment the caller created, holding a secret;
+* ``@CALLER@``: the caller's pid (as the machine sees it).
 """
 
 from __future__ import annotations
@@ -26,7 +29,62 @@ _ATTEMPTS = (
     "        print(name, 'denied', type(e).__name__)\n"
 )
 
+# Modules that open files in C, below the audit hook: only the operating-system boundary
+# (bubblewrap) contains them. Each attempt prints ``<name> got <what it got>`` or a denial.
+_BELOW_THE_HOOK = """import os, mmap, pwd, readline, sqlite3, _posixshmem
+
+def read(path):  # readline's history file: a C-level read of any text file
+    readline.clear_history()
+    readline.read_history_file(path)
+    n = readline.get_current_history_length()
+    return '|'.join(readline.get_history_item(i) or '' for i in range(1, n + 1))
+
+def shadow():
+    import spwd
+    return [p.sp_namp for p in spwd.getspall()]
+
+def shm():
+    fd = _posixshmem.shm_open('@SHM@', os.O_RDONLY, 0)
+    return mmap.mmap(fd, 0, prot=mmap.PROT_READ)[:80]
+
+def inherited():
+    found = []
+    for fd in range(3, 64):
+        try:
+            os.fstat(fd)
+            found.append(fd)
+        except OSError:
+            pass
+    return found
+
+db = sqlite3.connect(':memory:')
+attempts = {
+    'readline-outside': lambda: read('@OUTSIDE@'),
+    'readline-shadow': lambda: read('/etc/shadow'),
+    'readline-caller-environ': lambda: read('/proc/@CALLER@/environ'),
+    'readline-proc-self-root': lambda: read('/proc/self/root@OUTSIDE@'),
+    'readline-proc-1-root': lambda: read('/proc/1/root@OUTSIDE@'),
+    'readline-dotdot': lambda: read('../' * 30 + '@OUTSIDE@'.lstrip('/')),
+    'readline-write-outside': lambda: readline.write_history_file('@ESCAPE@'),
+    'readline-append-outside': lambda: readline.append_history_file(1, '@OUTSIDE@'),
+    'sqlite-attach': lambda: db.execute("attach '@OUTSIDEDB@' as o").execute(
+        'select * from o.t').fetchall(),
+    'sqlite-vacuum-into': lambda: db.execute("vacuum into '@ESCAPE@'").fetchall(),
+    'pwd': lambda: [p.pw_name for p in pwd.getpwall()],
+    'spwd': shadow,
+    'shm-open': shm,
+    'inherited-fds': inherited,
+    'environ': lambda: sorted(os.environ),
+}
+for name, attempt in attempts.items():
+    try:
+        print(name, 'got', repr(attempt())[:300])
+    except Exception as e:
+        print(name, 'denied', type(e).__name__)
+"""
+
 PROGRAMS: dict[str, str] = {
+    "below-the-audit-hook": _BELOW_THE_HOOK,
     "infinite-loop": "while True:\n    pass",
     "fork-bomb": "import os\nwhile True:\n    os.fork()",
     "memory-bomb": "x = bytearray(10**10)",

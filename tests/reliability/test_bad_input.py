@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from llmrl.cli import main
+from tests.config.test_loading import BOMB
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "llmrl"
@@ -219,6 +220,21 @@ ROWS: list[Row] = [
     Row("jsonl-huge-row-50MB", {"train.jsonl": huge_line}, gsm8k("train.jsonl"),
         ("train.jsonl: row 2: field 'question': 50000000 characters, over the limit of 100000 "
          "(max_row_chars)",)),
+    Row("jsonl-lone-surrogate",
+        {"train.jsonl": jsonl(GOOD) + '{"question": "caf\\ud800?", "answer": "#### 1"}\n'},
+        gsm8k("train.jsonl"),
+        ("train.jsonl: row 2: field 'question': invalid Unicode: a lone surrogate \\ud800 at "
+         "character 4",)),
+    Row("jsonl-deep-nesting",
+        {"train.jsonl": jsonl(GOOD) + '{"question": ' + "[" * 100_000 + "]" * 100_000 + "}\n"},
+        gsm8k("train.jsonl"),
+        ("train.jsonl: line 2: JSON nested 100001 levels deep, over the limit of 64",)),
+    Row("json-deep-nesting", {"train.json": "[" * 100_000 + "]" * 100_000},
+        gsm8k("train.json"), ("train.json: JSON nested 100000 levels deep, over the limit of 64",)),
+    Row("jsonl-huge-field-name",
+        {"train.jsonl": jsonl(GOOD, {"question\x1b[2J" + "q" * 10**6: "x", "answer": "#### 1"})},
+        gsm8k("train.jsonl"), ("train.jsonl: row 2: field 'question': missing (the row's fields: "
+                               "answer, question\\x1b[2Jqqq",)),
     Row("jsonl-non-utf8-bytes",
         {"train.jsonl": jsonl(GOOD).encode() + b'{"question": "caf\xe9?", "answer": "#### 1"}\n'},
         gsm8k("train.jsonl"),
@@ -296,6 +312,31 @@ ROWS: list[Row] = [
     Row("config-zero-lr", {"sft.yaml": "data: {path: data}\noptimizer: {lr: 0}\n"},
         ["sft", "--config", "sft.yaml"],
         ("sft.yaml: optimizer.lr: Input should be greater than 0 (got 0)",)),
+    Row("config-lr-infinite", {"data": PREPARED}, stage("sft", "--set", "optimizer.lr=.inf"),
+        ("llmrl sft: error: --set optimizer.lr=.inf: optimizer.lr: Input should be a finite "
+         "number (got inf)",), subprocess=True),
+    Row("config-lr-nan", {"data": PREPARED}, stage("sft", "--set", "optimizer.lr=.nan"),
+        ("--set optimizer.lr=.nan: optimizer.lr: Input should be a finite number (got nan)",)),
+    Row("config-steps-1e30", {"data": PREPARED, "sft.yaml": "steps: 1.0e+30\n"},
+        ["sft", "--config", "sft.yaml", "--no-progress", "--set", "data.path=data",
+         "--set", "tracking.enabled=false"],
+        ("sft.yaml: steps: Input is too large a number for this integer field (got 1e+30)",),
+        subprocess=True),
+    Row("config-steps-huge-int", {"data": PREPARED},
+        stage("grpo", "--set", "steps=1000000000000000000000000000000"),
+        ("steps: Input should be less than or equal to 10000000",)),
+    Row("config-beta-out-of-range",
+        {"sft.yaml": "data: {path: data}\noptimizer: {betas: [0.9, 1]}\n"},
+        ["sft", "--config", "sft.yaml"],
+        ("sft.yaml: optimizer.betas[1]: Input should be less than 1",)),
+    Row("config-alias-bomb", {"prepare.yaml": BOMB}, ["prepare", "--config", "prepare.yaml"],
+        ("prepare.yaml: line 1, column 1: invalid YAML: more than 100000 values once its",)),
+    Row("config-deep-nesting", {"sft.yaml": "data: " + "[" * 100_000 + "]" * 100_000 + "\n"},
+        ["sft", "--config", "sft.yaml"], ("sft.yaml: line 1, column 70: invalid YAML: nested more "
+                                          "than 64 levels deep",)),
+    Row("config-int-of-5000-digits", {"sft.yaml": "seed: " + "7" * 5000 + "\n"},
+        ["sft", "--config", "sft.yaml"], ("sft.yaml: line 1, column 7: invalid YAML: an integer of "
+                                          "5000 digits (at most 100); refused",)),
     Row("config-required-section-missing", {"eval.yaml": "label: base\n"},
         ["eval", "--config", "eval.yaml"], ("eval.yaml: data: Field required",)),
     Row("config-invalid-yaml", {"sft.yaml": "data: {path: data\nsteps: 3\n"},
@@ -412,6 +453,10 @@ ROWS: list[Row] = [
 ]  # fmt: skip
 
 
+ONE_LINE = {"config-lr-infinite", "config-lr-nan", "config-steps-1e30", "config-steps-huge-int"}
+"""Rows whose error is one line naming the field (no second problem, no traceback)."""
+
+
 @pytest.fixture(scope="module")
 def prepared_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small prepared arithmetic dataset (6 train, 3 eval problems)."""
@@ -498,6 +543,9 @@ def test_bad_input_fails_cleanly(row: Row, work: Path, prepared_dataset: Path, r
         assert "Traceback" not in message
     for expected in row.expect:
         assert expected in message, f"{expected!r} not in:\n{message}"
+    assert len(message) < 5_000, "user input echoed at length"  # 50 MB rows included
+    if row.id in ONE_LINE:
+        assert message.strip().count("\n") == 0, message
     assert snapshot(work) == before, "the failed command left files behind or changed its input"
 
 
@@ -508,3 +556,69 @@ def test_the_corpus_covers_every_category():
     assert prefixes >= {"jsonl", "json", "parquet", "prepared", "config", "topology", "genkw",
                         "chart", "cli"}  # fmt: skip
     assert sum(row.subprocess for row in ROWS) >= 4
+
+
+# ------------------------------------------------------- model folders that would run code
+def _evil_pickle(_prepared: Path) -> bytes:
+    """A pickle that creates ``PWNED`` in the working directory when it is unpickled."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (open, ("PWNED", "w"))
+
+    return pickle.dumps({"weight": Payload()}, protocol=2)
+
+
+def _tokenizer_file(name: str) -> Callable[[Path], bytes]:
+    """A file of SmolLM2's tokenizer, as ``save_pretrained`` writes it (saved once)."""
+
+    def read(_prepared: Path) -> bytes:
+        import functools
+        import tempfile
+
+        @functools.cache
+        def saved() -> Path:
+            from llmrl.models import load_tokenizer
+
+            folder = Path(tempfile.mkdtemp(prefix="llmrl-tokenizer-"))
+            load_tokenizer().save_pretrained(folder)
+            return folder
+
+        return (saved() / name).read_bytes()
+
+    return read
+
+
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 64,
+          "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 2}  # fmt: skip
+MODEL_ROWS = [
+    Row("model-pickled-weights",
+        {"data": PREPARED, "evil/config.json": json.dumps(_LLAMA),
+         "evil/tokenizer.json": _tokenizer_file("tokenizer.json"),
+         "evil/pytorch_model.bin": _evil_pickle},
+        stage("eval", "--set", "model.name=./evil"),
+        ("llmrl eval: error: model directory", "holds pickled weights (pytorch_model.bin)",
+         "set model.allow_pickled_weights: true"), subprocess=True),
+    Row("model-custom-code",
+        {"data": PREPARED, "evil/evil.py": "open('PWNED', 'w')\n",
+         "evil/config.json": json.dumps({**_LLAMA, "auto_map": {"AutoConfig": "evil.Config"}})},
+        stage("sft", "--set", "model.name=./evil"),
+        ("asks to run its own Python code (auto_map in config.json: AutoConfig -> evil.Config)",
+         "set model.trust_remote_code: true")),
+    Row("model-hostile-chat-template",
+        {"data": PREPARED, "evil/config.json": json.dumps(_LLAMA),
+         "evil/tokenizer_config.json": json.dumps({"chat_template": (
+             "{{ cycler.__init__.__globals__.os.popen('touch PWNED').read() }}")})},
+        stage("eval", "--set", "model.name=./evil"),
+        ("the chat template in tokenizer_config.json reaches the Python internal attribute",
+         "no setting allows it")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in MODEL_ROWS])
+def test_model_folder_that_would_run_code_is_refused(row: Row, work: Path, prepared_dataset: Path,
+                                                     request, capsys):  # fmt: skip
+    test_bad_input_fails_cleanly(row, work, prepared_dataset, request, capsys)
+    assert not (work / "PWNED").exists(), "nothing from the folder ran"

@@ -27,6 +27,11 @@ SPLITS = ("train", "eval", "test")
 _SPLIT_BUCKETS = {0: "eval", 1: "test"}  # of 10 buckets; the other 8 are train
 _MAX_MISSES = 20_000
 
+ANSWER_WINDOW_CHARS = 20_000
+"""Scorers look for a response's final answer (``\\boxed{}``, ``#### ...``) in its last this many
+characters only: the answer sits at the end, and a hostile response of any length then costs
+the parser at most this much (linear) work."""
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -35,7 +35,13 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from llmrl.envs.tasks.base import Problem, Score, check_format_reward, sample_split
+from llmrl.envs.tasks.base import (
+    ANSWER_WINDOW_CHARS,
+    Problem,
+    Score,
+    check_format_reward,
+    sample_split,
+)
 
 MAX_EXPRESSION_CHARS = 200
 _ALLOWED_CHARS = re.compile(r"[0-9+\-*/() ]+")
@@ -44,7 +50,11 @@ _TRANSLATE = str.maketrans({"×": "*", "÷": "/", "−": "-", "\t": " "})
 
 
 def extract_expression(response: str) -> str | None:
-    """The text after the last ``####`` on its line, before any ``=``; ``None`` when absent."""
+    """The text after the last ``####`` on its line, before any ``=``; ``None`` when absent.
+
+    Only the last :data:`~llmrl.envs.tasks.base.ANSWER_WINDOW_CHARS` characters are read.
+    """
+    response = response[-ANSWER_WINDOW_CHARS:]
     start = response.rfind("####")
     if start < 0:
         return None

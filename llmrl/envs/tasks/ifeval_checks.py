@@ -39,14 +39,15 @@ UNSUPPORTED = {"language:response_language": "it needs a language-identification
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
 _WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
-_SENTENCE_END = re.compile(r"[.!?]+(?:[\"'’”)\]]*)(?=\s|$)")
-_FENCE = re.compile(r"```(?:json)?[ \t]*\n?(.*?)\n?[ \t]*```", re.DOTALL | re.IGNORECASE)
+# Possessive quantifiers (``++``, ``*+``) and a lone ``\S`` never backtrack, so every pattern
+# here runs in time linear in the response (a run of 1 MB of ``!`` or ``[`` included).
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"'’”)\]]*+(?=\s|$)")
 _DIVIDER = re.compile(r"^[ \t]*\*\*\*[ \t]*$", re.MULTILINE)
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _BULLET = re.compile(r"^[ \t]*[*-][ \t]+\S", re.MULTILINE)
 _HIGHLIGHT = re.compile(r"\*\*([^\n*]+)\*\*|\*([^\n*]+)\*")
-_PLACEHOLDER = re.compile(r"\[[^\[\]\n]*\S[^\[\]\n]*\]")
-_TITLE = re.compile(r"<<[^\n<>]*[^\s<>][^\n<>]*>>")
+_PLACEHOLDER = re.compile(r"\[[^\[\]\n]*+\]")  # counted when not blank (see _placeholders)
+_TITLE = re.compile(r"<<[^\n<>]*+>>")  # a title when not blank (see _has_title)
 _SEPARATOR = re.compile(r"(?<!\*)\*{6}(?!\*)")
 
 
@@ -80,10 +81,8 @@ def _compare(count: int, relation: str, n: int) -> bool:
 def _paragraphs(text: str, separator: re.Pattern[str]) -> list[str] | None:
     """Paragraphs split by ``separator``; None when one in the middle is empty."""
     parts = [part.strip() for part in separator.split(text)]
-    while parts and not parts[0]:
-        parts.pop(0)
-    while parts and not parts[-1]:
-        parts.pop()
+    filled = [index for index, part in enumerate(parts) if part]
+    parts = parts[filled[0] : filled[-1] + 1] if filled else []
     return None if any(not part for part in parts) else parts
 
 
@@ -104,7 +103,15 @@ def _nth_paragraph_first_word(text: str, kw: dict) -> bool:
 def _postscript(text: str, kw: dict) -> bool:
     marker = kw["postscript_marker"].strip()
     pattern = "".join(re.escape(c) + (r"\s?" if c == "." else "") for c in marker)
-    return re.search(rf"^\s*{pattern}", text, re.IGNORECASE | re.MULTILINE) is not None
+    return re.search(rf"^[^\S\n]*+{pattern}", text, re.IGNORECASE | re.MULTILINE) is not None
+
+
+def _placeholders(text: str) -> int:
+    return sum(1 for match in _PLACEHOLDER.finditer(text) if match.group()[1:-1].strip())
+
+
+def _has_title(text: str) -> bool:
+    return any(match.group()[2:-2].strip() for match in _TITLE.finditer(text))
 
 
 def _highlights(text: str) -> int:
@@ -113,9 +120,11 @@ def _highlights(text: str) -> int:
 
 def _json_format(text: str, kw: dict) -> bool:
     body = text.strip()
-    fenced = _FENCE.fullmatch(body)
+    if len(body) >= 6 and body.startswith("```") and body.endswith("```"):  # a fenced block
+        body = body[3:-3]
+        body = body[4:] if body[:4].lower() == "json" else body
     try:
-        value = json.loads(fenced.group(1) if fenced else body)
+        value = json.loads(body)
     except (ValueError, RecursionError):
         return False
     return isinstance(value, (dict, list))
@@ -186,7 +195,7 @@ CHECKERS: dict[str, _Checker] = {
     ),
     "detectable_content:number_placeholders": _Checker(
         {"num_placeholders": "int"},
-        lambda t, kw: len(_PLACEHOLDER.findall(t)) >= kw["num_placeholders"],
+        lambda t, kw: _placeholders(t) >= kw["num_placeholders"],
     ),
     "detectable_content:postscript": _Checker({"postscript_marker": "text"}, _postscript),
     "detectable_format:number_bullet_lists": _Checker(
@@ -206,7 +215,7 @@ CHECKERS: dict[str, _Checker] = {
         ),
     ),
     "detectable_format:json_format": _Checker({}, _json_format),
-    "detectable_format:title": _Checker({}, lambda t, kw: _TITLE.search(t) is not None),
+    "detectable_format:title": _Checker({}, lambda t, kw: _has_title(t)),
     "combination:two_responses": _Checker({}, _two_responses),
     "combination:repeat_prompt": _Checker(
         {"prompt_to_repeat": "text"},

@@ -8,8 +8,9 @@ solution's box. Optional ``level`` (``"Level 3"``, or an int: ``3`` reads as ``"
 per-type accuracy (:meth:`MathTask.kinds`). The SFT target is the solution, or
 ``The answer is $\\boxed{<answer>}$.`` for a row without one.
 
-Reward: the model's answer is the last ``\\boxed{}`` of its response. 1.0 when it is equivalent
-to the reference according to ``math-verify`` (LaTeX parsed to sympy: ``\\frac{1}{2}`` =
+Reward: the model's answer is the last ``\\boxed{}`` of its response (looked for in its last
+:data:`~llmrl.envs.tasks.base.ANSWER_WINDOW_CHARS` characters, in linear time). 1.0 when it is
+equivalent to the reference according to ``math-verify`` (LaTeX parsed to sympy: ``\\frac{1}{2}`` =
 ``0.5`` = ``1/2``, ``\\dfrac``, ``\\left( \\right)``, intervals, sets, ``x = 3`` vs ``3``, unit
 text), ``format_reward`` when a boxed answer is not equivalent, 0.0 without a boxed answer.
 
@@ -42,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from llmrl.envs.tasks.base import Problem, Score, check_format_reward
+from llmrl.envs.tasks.base import ANSWER_WINDOW_CHARS, Problem, Score, check_format_reward
 
 logger = logging.getLogger(__name__)
 
@@ -54,55 +55,62 @@ STARTUP_SECONDS = 120.0
 """How long a verification worker may take to start (import math-verify) before it is an error."""
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_SPACE = re.compile(r"\s*")
+_TOKEN = re.compile(r"[^\s$]+")
 
 
-def _braced(text: str, start: int) -> int | None:
-    """The index of the ``}`` closing the ``{`` at ``text[start]``, or None when unbalanced.
+def _closing_braces(text: str) -> dict[int, int]:
+    """Each balanced ``{``'s index -> the index of its ``}``, in one pass over ``text``.
 
-    Escaped characters (``\\{``, ``\\}``, ``\\\\``) are skipped, as LaTeX does not count them.
+    Escaped characters (``\\{``, ``\\}``, ``\\\\``) are skipped, as LaTeX does not count them;
+    an unclosed ``{`` has no entry.
     """
-    depth = 0
-    index = start
+    closing: dict[int, int] = {}
+    open_at: list[int] = []
+    index = 0
     while index < len(text):
         char = text[index]
         if char == "\\":
             index += 2
             continue
         if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return index
+            open_at.append(index)
+        elif char == "}" and open_at:
+            closing[open_at.pop()] = index
         index += 1
-    return None
+    return closing
 
 
-def _box_content(text: str, end: int) -> str | None:
+def _box_content(text: str, end: int, closing: dict[int, int]) -> str | None:
     """The argument of a ``\\boxed`` / ``\\fbox`` command name ending at ``text[end]``."""
-    rest = text[end:]
-    stripped = rest.lstrip()
-    offset = end + len(rest) - len(stripped)
-    if stripped.startswith("{"):
-        close = _braced(text, offset)
-        return None if close is None else text[offset + 1 : close]
+    start = _SPACE.match(text, end).end()
+    if text.startswith("{", start):
+        close = closing.get(start)
+        return None if close is None else text[start + 1 : close]
     # \boxed 5: up to a space or the closing $, without a sentence's final punctuation
-    token = re.match(r"[^\s$]+", stripped)
+    token = _TOKEN.match(text, start)
     return token.group().rstrip(".,;") if token else None
 
 
-def last_boxed(text: str) -> str | None:
+def last_boxed(text: str, window: int = ANSWER_WINDOW_CHARS) -> str | None:
     """The content of the last complete ``\\boxed{}`` / ``\\boxed x`` / ``\\fbox{}`` of ``text``.
 
     Nested braces are matched (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); an unclosed
-    box (a truncated response) is skipped; a blank box gives None.
+    box (a truncated response) is skipped; a blank box gives None. Only the last ``window``
+    characters are read (:data:`ANSWER_WINDOW_CHARS`), in time linear in them: one pass pairs
+    the braces, one finds the boxes.
 
     Example:
         >>> last_boxed(r"\\boxed{1} then \\boxed{\\{1, 2\\}}")
         '\\\\{1, 2\\\\}'
     """
-    for match in reversed(list(_BOX.finditer(text))):
-        content = _box_content(text, match.end())
+    text = text[-window:]
+    boxes = [match.end() for match in _BOX.finditer(text)]
+    if not boxes:
+        return None
+    closing = _closing_braces(text)
+    for end in reversed(boxes):
+        content = _box_content(text, end, closing)
         if content is not None:
             content = content.strip()
             return content or None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from llmrl.envs.tasks.base import Score
+from llmrl.envs.tasks.base import ANSWER_WINDOW_CHARS, Score
 
 FINAL_ANSWER_INSTRUCTIONS = (
     "Solve the problem step by step, then give the final answer on its own line as '#### <number>'."
@@ -61,12 +61,15 @@ def normalize_number(text: str) -> str | None:
 def extract_final_answer(response: str) -> str | None:
     """The normalized first number after the last ``####`` on its line, or ``None``.
 
+    Only the last :data:`~llmrl.envs.tasks.base.ANSWER_WINDOW_CHARS` characters are read.
+
     Example:
         >>> extract_final_answer("#### 7\\nwait, no.\\n#### $1,234.00 dollars")
         '1234'
         >>> extract_final_answer("The answer is 42.") is None
         True
     """
+    response = response[-ANSWER_WINDOW_CHARS:]
     start = response.rfind("####")
     if start < 0:
         return None

@@ -1,6 +1,7 @@
 """The MCP side of :class:`~llmrl.envs.transforms.mcp_tools.MCPToolTransform`: server specs,
-one SDK client session per server (stdio or streamable HTTP, restarted after a crash), and the
-event loop in a daemon thread that runs them for the synchronous env."""
+one SDK client session per server (stdio, watched by :mod:`~llmrl.envs.transforms.mcp_stdio`, or
+streamable HTTP; restarted after a crash or a protocol violation), and the event loop in a
+daemon thread that runs them for the synchronous env."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from llmrl.envs.transforms.mcp_stdio import StdioGuard, guarded_stdio_client
+
 logger = logging.getLogger(__name__)
 
-CLOSE_GRACE_S = 10.0  # the SDK's stdio shutdown is bounded by about 6.5 s
+CLOSE_GRACE_S = 10.0  # the stdio shutdown is bounded by about 4 s
+CALL_MARGIN_S = 1.0  # a call's backstop past its timeout, should the SDK's own not answer
+MAX_MESSAGE_BYTES = 16 * 2**20
 
 
 class MCPToolError(RuntimeError):
@@ -27,7 +32,9 @@ class MCPToolError(RuntimeError):
 @dataclass(frozen=True)
 class MCPServerSpec:
     """How to reach one MCP server: ``command`` (stdio, with ``args``, ``env``, ``cwd``) or
-    ``url`` (streamable HTTP), not both; ``timeout_s`` bounds each tool call.
+    ``url`` (streamable HTTP), not both; ``timeout_s`` bounds each tool call (and how long a
+    stdio server may leave a message unfinished); a stdio message (one line) longer than
+    ``max_message_bytes`` stops the server.
 
     A stdio server sees only the SDK's safe environment (``HOME``, ``PATH``, ``USER``, ...)
     plus ``env``.
@@ -40,6 +47,7 @@ class MCPServerSpec:
     cwd: str | None = None
     url: str | None = None
     timeout_s: float = 30.0
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -51,6 +59,8 @@ class MCPServerSpec:
             )
         if not self.timeout_s > 0:
             raise ValueError(f"MCP server {self.name!r}: timeout_s must be > 0")
+        if self.max_message_bytes < 1:
+            raise ValueError(f"MCP server {self.name!r}: max_message_bytes must be >= 1")
 
 
 @dataclass
@@ -78,18 +88,26 @@ class ServerConnection:
         self.lock = asyncio.Lock()
         self.restarts = 0
         self.failure: str | None = None  # why the current session is gone (None: it is live)
+        self.guard: StdioGuard | None = None  # watches the current stdio server process
 
     def _transport(self) -> Any:
         from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
 
         spec = self.spec
+        self.guard = None
         if spec.url is not None:
             return spec.url
         params = StdioServerParameters(
             command=spec.command, args=list(spec.args), env=dict(spec.env) or None, cwd=spec.cwd
         )
-        return stdio_client(params, errlog=self.stderr)
+        self.guard = StdioGuard(spec.name, spec.max_message_bytes, spec.timeout_s)
+        return guarded_stdio_client(params, self.stderr, self.guard)
+
+    @property
+    def violation(self) -> str | None:
+        """Why the current stdio server was stopped for breaking the protocol (None: it was
+        not)."""
+        return self.guard.violation if self.guard is not None else None
 
     async def start(self, timeout_s: float) -> list[Any]:
         """Open a session and list the server's tools (raises :class:`MCPToolError`)."""
@@ -126,10 +144,9 @@ class ServerConnection:
                 await stop.wait()
         except BaseException as error:  # any end of the session is reported
             if not ready.done():
+                why = self.violation or _describe(error)
                 ready.set_exception(
-                    MCPToolError(
-                        f"MCP server {self.spec.name!r} failed to start: {_describe(error)}"
-                    )
+                    MCPToolError(f"MCP server {self.spec.name!r} failed to start: {why}")
                 )
             else:
                 logger.debug("MCP server %r session ended: %s", self.spec.name, error)
@@ -190,27 +207,26 @@ class ServerConnection:
             client = await self._live_client(max_restarts, start_timeout_s)
         except MCPToolError as error:
             return False, f"Error: {error}"
-        timed_out = f"Error: tool {tool!r} timed out after {timeout_s:g} s (no result)"
+        guard = self.guard
         try:
             result = await asyncio.wait_for(
                 client.call_tool(tool, arguments, read_timeout_seconds=timeout_s),
-                timeout_s + 5.0,  # a backstop: the SDK's own timeout answers first
+                timeout_s + CALL_MARGIN_S,  # a backstop: the SDK's own timeout answers first
             )
         except (TimeoutError, asyncio.TimeoutError):
-            return False, timed_out
+            return False, await self._timed_out(client, guard, tool, max_restarts)
         except MCPError as error:
             if error.code == REQUEST_TIMEOUT:
-                return False, timed_out
+                return False, await self._timed_out(client, guard, tool, max_restarts)
             if error.code == CONNECTION_CLOSED:
+                if guard is not None and guard.violation is not None:
+                    why = f"it broke the protocol during tool {tool!r}: {guard.violation}"
+                    await self._lost(client, why)
+                    return False, self._broke_protocol(guard.violation, tool, max_restarts)
                 await self._lost(client, f"it closed the connection during tool {tool!r}")
-                then = (
-                    "it is restarted on the next call"
-                    if self.restarts < max_restarts
-                    else "it is not restarted again"
-                )
                 return False, (
                     f"Error: MCP server {name!r} crashed or closed the connection while "
-                    f"running tool {tool!r}; {then}"
+                    f"running tool {tool!r}; {self._then(max_restarts)}"
                 )
             return False, f"Error: tool {tool!r} failed: {error.message}"
         except Exception as error:  # a broken session or a bad result
@@ -221,6 +237,29 @@ class ServerConnection:
         if result.is_error:
             return False, f"Error: tool {tool!r} failed: {text}"
         return True, text
+
+    async def _timed_out(
+        self, client: Any, guard: StdioGuard | None, tool: str, max_restarts: int
+    ) -> str:
+        """The message of a call that timed out; a wedged stdio server (see
+        :meth:`StdioGuard.stalled`) is stopped, to be restarted on the next call."""
+        why = await guard.stalled() if guard is not None else None
+        if why is None:  # a slow tool: the server is kept
+            return f"Error: tool {tool!r} timed out after {self.spec.timeout_s:g} s (no result)"
+        guard.stop(why)
+        await self._lost(client, f"it broke the protocol during tool {tool!r}: {why}")
+        return self._broke_protocol(why, tool, max_restarts)
+
+    def _broke_protocol(self, why: str, tool: str, max_restarts: int) -> str:
+        return (
+            f"Error: MCP server {self.spec.name!r} broke the MCP protocol while running tool "
+            f"{tool!r} ({why}); it was stopped, {self._then(max_restarts)}"
+        )
+
+    def _then(self, max_restarts: int) -> str:
+        if self.restarts < max_restarts:
+            return "it is restarted on the next call"
+        return "it is not restarted again"
 
     async def _lost(self, client: Any, why: str) -> None:
         """Mark ``client``'s session gone (the next call restarts the server) and reap it;
@@ -281,6 +320,10 @@ class SessionLoop:
 
             async def close_all() -> None:
                 await asyncio.gather(*(c.close() for c in self.connections.values()))
+                left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in left:  # nothing of the sessions outlives the loop
+                    task.cancel()
+                await asyncio.gather(*left, return_exceptions=True)
 
             try:
                 self.run(close_all(), CLOSE_GRACE_S + 5.0)

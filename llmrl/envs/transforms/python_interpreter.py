@@ -1,9 +1,10 @@
 """`PythonInterpreter`: runs the assistant's ```python blocks and answers with their output.
 
-Each block of a reply runs in :func:`llmrl.envs.sandbox.run_python` (a separate process with a
-wall-clock timeout, memory and output limits, no network, its own temporary directory and a
-scrubbed environment). The combined result is appended to the conversation as a message from
-``role`` (``tool`` by default) in ``("next", "history", "prompt")``, and the row is marked
+Each block of a reply runs in :func:`llmrl.envs.sandbox.run_python` (a separate process under
+bubblewrap, with a wall-clock timeout, memory and output limits, no network, its own temporary
+directory and a scrubbed environment; ``limits.os_sandbox`` says whether bubblewrap is
+required). The combined result is appended to the conversation as a message from ``role``
+(``tool`` by default) in ``("next", "history", "prompt")``, and the row is marked
 ``tool_called`` so the episode continues.
 Rows run in parallel threads; a hostile snippet only ever produces an error message. At most
 ``max_blocks`` blocks of one reply run (one after another), so a reply made of many endless
