@@ -319,7 +319,10 @@ def _parse_override(override: str) -> tuple[tuple[str, ...], Any]:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(
-            [f"--set {_shown(override)}: expected KEY=VALUE, e.g. split.seed=3 or generate.train_size=100"]
+            [
+                f"--set {_shown(override)}: expected KEY=VALUE, e.g. split.seed=3 or "
+                "generate.train_size=100"
+            ]
         )
     keys = tuple(part.strip() for part in key.split("."))
     if any(not part for part in keys):
