@@ -226,11 +226,7 @@ def count_rows(source: DataSource) -> int | None:
     """A cheap row count (non-blank JSONL lines, Parquet metadata), or None when it is not cheap
     or the file cannot be read."""
     if source.kind == "jsonl":
-        count = 0
-        with open(source.location, "rb") as stream:
-            for line in stream:
-                count += bool(line.strip())
-        return count
+        return sum(1 for _ in _jsonl_line_numbers(source.location))
     if source.kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -577,10 +573,23 @@ def _load(
 
 
 def _jsonl_line_numbers(path: str) -> Iterator[int]:
+    """The numbers of the file's non-blank lines, read :data:`_CHUNK` bytes at a time: a line
+    is never held whole, so a file of one huge line costs no more memory than any other."""
+    number, blank = 1, True
     with open(path, "rb") as stream:
-        for number, line in enumerate(stream, start=1):
-            if line.strip():
-                yield number
+        while chunk := stream.read(_CHUNK):
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                if blank and chunk[start : None if end < 0 else end].strip():
+                    blank = False
+                if end < 0:
+                    break
+                if not blank:
+                    yield number
+                number, blank, start = number + 1, True, end + 1
+    if not blank:
+        yield number
 
 
 def _decode(raw: bytes, file: str, line: int | None, strip_bom: bool) -> str:

@@ -292,3 +292,21 @@ def test_user_text_in_errors_is_cut_and_its_control_characters_escaped():
     assert str(error).startswith("a.jsonl: row 2: field '\\x1b[2J': bad value vvv")
     assert str(error).endswith("vvv... (50000010 characters in all)")
     assert str(pickle.loads(pickle.dumps(error))) == str(error)
+
+
+def test_counting_rows_never_holds_a_huge_line(tmp_path):
+    # a file of one 96 MiB line: counted 1 MiB at a time, the process's peak memory grows by
+    # about a chunk, not by the line (reading the line whole would add 96 MiB)
+    from llmrl.data.datasets import DataSource, count_rows
+    from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
+
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as out:
+        out.write(b'{"a": 1}\n\n')
+        for _ in range(96):
+            out.write(b"x" * (1 << 20))
+        out.write(b"\n  \n{}")
+    reset_peak_memory("cpu")
+    before = peak_memory_mb("cpu")
+    assert count_rows(DataSource(kind="jsonl", location=str(path), spec=str(path))) == 3
+    assert peak_memory_mb("cpu") - before < 32
