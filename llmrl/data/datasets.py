@@ -45,11 +45,20 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal
 
-from llmrl.config.loading import quoted
+from llmrl.data.dataset_error import DatasetError
+from llmrl.data.json_rows import (
+    MAX_ROW_BYTES,
+    READ_CHUNK_BYTES,
+    check_depth,
+    check_unicode,
+    decode_utf8,
+    json_kind,
+    jsonl_line_numbers,
+    load_json_line,
+)
 
 FILE_FORMATS = (".jsonl", ".json", ".parquet")
 SUPPORTED = (
@@ -57,70 +66,9 @@ SUPPORTED = (
     "a datasets save_to_disk directory, or a Hugging Face hub id (owner/name)"
 )
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_CHUNK = 1 << 20
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 SourceKind = Literal["jsonl", "json", "parquet", "directory", "hub"]
-
-MAX_ROW_BYTES = 1 << 26
-"""A JSONL line longer than this (64 MiB) is refused without being held whole in memory."""
-MAX_JSON_DEPTH = 64
-"""JSON lists and objects nested deeper than this are refused (rows nest ~3 deep); checked
-before parsing, so Python's recursion limit never decides."""
-MAX_PROBLEM_CHARS = 1000
-"""A :class:`DatasetError`'s problem text is cut to this many characters."""
-
-
-class DatasetError(ValueError):
-    """Bad data: the message reads ``<file>: row <n>: field '<name>': <problem>``.
-
-    ``file``, ``row``, ``line`` and ``field`` hold the parts (None where they do not apply; a
-    syntax error has a ``line``, a bad value a ``row``); ``reason`` is a short category
-    (``missing_field``, ``wrong_type``, ...) used to count skipped rows.
-
-    Example:
-        >>> str(DatasetError("expected a string, got int", file="a.jsonl", row=17, field="answer"))
-        "a.jsonl: row 17: field 'answer': expected a string, got int"
-    """
-
-    def __init__(
-        self,
-        problem: str,
-        *,
-        file: str | Path | None = None,
-        row: int | None = None,
-        line: int | None = None,
-        field: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self.problem = quoted(problem, MAX_PROBLEM_CHARS)
-        self.file = None if file is None else str(file)
-        self.row = row
-        self.line = line
-        self.field = None if field is None else quoted(field)
-        self.reason = reason
-        parts = [part for part in (self.file,) if part]
-        if row is not None:
-            parts.append(f"row {row}")
-        if line is not None:
-            parts.append(f"line {line}")
-        if field is not None:
-            parts.append(f"field '{self.field}'")
-        super().__init__(": ".join([*parts, self.problem]))
-
-    def __reduce__(self) -> tuple:
-        kwargs = {
-            "file": self.file,
-            "row": self.row,
-            "line": self.line,
-            "field": self.field,
-            "reason": self.reason,
-        }
-        return (_rebuild_dataset_error, (self.problem, kwargs))
-
-
-def _rebuild_dataset_error(problem: str, kwargs: dict[str, Any]) -> DatasetError:
-    return DatasetError(problem, **kwargs)
 
 
 class MissingDatasetsError(ImportError):
@@ -226,7 +174,7 @@ def count_rows(source: DataSource) -> int | None:
     """A cheap row count (non-blank JSONL lines, Parquet metadata), or None when it is not cheap
     or the file cannot be read."""
     if source.kind == "jsonl":
-        return sum(1 for _ in _jsonl_line_numbers(source.location))
+        return sum(1 for _ in jsonl_line_numbers(source.location))
     if source.kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -261,7 +209,7 @@ def sha256_file(path: str | Path) -> str:
     """The sha256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
-        while chunk := stream.read(_CHUNK):
+        while chunk := stream.read(READ_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -279,13 +227,13 @@ def _read_jsonl(source: DataSource, columns: Sequence[str] | None) -> Iterator[t
                     line=number,
                     reason="too_long",
                 )
-            text = _decode(raw, source.spec, number, strip_bom=number == 1)
+            text = decode_utf8(raw, source.spec, number, strip_bom=number == 1)
             if not text.strip():
                 continue
             row = load_json_line(text, source.spec, number)
             if not isinstance(row, dict):
                 raise DatasetError(
-                    f"expected a JSON object per line, got {_json_kind(row)}",
+                    f"expected a JSON object per line, got {json_kind(row)}",
                     file=source.spec,
                     line=number,
                     reason="not_an_object",
@@ -293,33 +241,10 @@ def _read_jsonl(source: DataSource, columns: Sequence[str] | None) -> Iterator[t
             yield number, row
 
 
-def load_json_line(text: str, file: str, number: int) -> Any:
-    """Line ``number`` of the JSONL ``file`` parsed, within :data:`MAX_JSON_DEPTH` and without
-    lone surrogates; a :class:`DatasetError` naming the file and line (row) otherwise.
-
-    Example:
-        >>> load_json_line('{"q": "2+2?"}', "a.jsonl", 1)
-        {'q': '2+2?'}
-    """
-    _check_depth(text, file, number)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DatasetError(
-            f"invalid JSON: {error.msg} (column {error.colno})",
-            file=file,
-            line=number,
-            reason="invalid_json",
-        ) from None
-    if isinstance(value, dict):
-        _check_unicode(value, text, file, number)
-    return value
-
-
 def _read_json(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
     raw = Path(source.location).read_bytes()
-    text = _decode(raw, source.spec, None, strip_bom=True)
-    _check_depth(text, source.spec, None)
+    text = decode_utf8(raw, source.spec, None, strip_bom=True)
+    check_depth(text, source.spec, None)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -331,7 +256,7 @@ def _read_json(source: DataSource, columns: Sequence[str] | None) -> Iterator[tu
         ) from None
     if not isinstance(data, list):
         raise DatasetError(
-            f"expected a JSON list of objects, got {_json_kind(data)}; a file with one object "
+            f"expected a JSON list of objects, got {json_kind(data)}; a file with one object "
             "per line should be named .jsonl",
             file=source.spec,
             reason="not_a_list",
@@ -339,73 +264,13 @@ def _read_json(source: DataSource, columns: Sequence[str] | None) -> Iterator[tu
     for number, row in enumerate(data, start=1):
         if not isinstance(row, dict):
             raise DatasetError(
-                f"expected a JSON object, got {_json_kind(row)}",
+                f"expected a JSON object, got {json_kind(row)}",
                 file=source.spec,
                 row=number,
                 reason="not_an_object",
             )
-        _check_unicode(row, text, source.spec, number)
+        check_unicode(row, text, source.spec, number)
         yield number, row
-
-
-_JSON_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
-_NOT_A_BRACKET = re.compile(r"[^\[\]{}]++")
-_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def json_depth(text: str) -> int:
-    """How deep the lists and objects of the JSON ``text`` nest, found without parsing it (in
-    linear time, without recursion): brackets inside strings do not count.
-
-    Example:
-        >>> json_depth('{"a": [1, {"b": "[[["}]}')
-        3
-    """
-    if text.count("[") + text.count("{") <= 1:
-        return text.count("[") + text.count("{")
-    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
-    return max(accumulate(map(_NESTING.__getitem__, brackets)), default=0)
-
-
-def _check_depth(text: str, file: str, line: int | None) -> None:
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return
-    depth = json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        raise DatasetError(
-            f"JSON nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}",
-            file=file,
-            line=line,
-            reason="too_deep",
-        )
-
-
-def _check_unicode(row: dict[str, Any], text: str, file: str, row_number: int) -> None:
-    """Refuse a row holding a lone surrogate (a ``\\ud800`` escape without its pair): it is
-    not Unicode text, and writing or tokenizing it fails later, far from the file."""
-    if not _SURROGATE_ESCAPE.search(text):
-        return
-    pending: list[tuple[str, Any]] = [(str(key), value) for key, value in row.items()]
-    pending += [(str(key), key) for key in row]
-    while pending:
-        field, value = pending.pop()
-        if isinstance(value, dict):
-            pending += [(field, item) for pair in value.items() for item in pair]
-        elif isinstance(value, list):
-            pending += [(field, item) for item in value]
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as error:
-                raise DatasetError(
-                    f"invalid Unicode: a lone surrogate {quoted(value[error.start])} at "
-                    f"character {error.start + 1} (a \\uD800-\\uDFFF escape without its pair)",
-                    file=file,
-                    row=row_number,
-                    field=field,
-                    reason="invalid_unicode",
-                ) from None
 
 
 def _read_parquet(source: DataSource, columns: Sequence[str] | None) -> Iterator[tuple[int, dict]]:
@@ -510,7 +375,7 @@ def _read_datasets(
         )
     numbers: Iterator[int] = iter(range(1, len(loaded) + 1))
     if source.kind == "jsonl":  # number rows by line, blank lines included, as _read_jsonl does
-        numbers = _jsonl_line_numbers(source.location)
+        numbers = jsonl_line_numbers(source.location)
     for number, row in zip(numbers, loaded, strict=False):
         yield number, dict(row)
 
@@ -570,49 +435,6 @@ def _load(
             file=source.spec,
             reason="unreadable",
         ) from None
-
-
-def _jsonl_line_numbers(path: str) -> Iterator[int]:
-    """The numbers of the file's non-blank lines, read :data:`_CHUNK` bytes at a time: a line
-    is never held whole, so a file of one huge line costs no more memory than any other."""
-    number, blank = 1, True
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            start = 0
-            while True:
-                end = chunk.find(b"\n", start)
-                if blank and chunk[start : None if end < 0 else end].strip():
-                    blank = False
-                if end < 0:
-                    break
-                if not blank:
-                    yield number
-                number, blank, start = number + 1, True, end + 1
-    if not blank:
-        yield number
-
-
-def _decode(raw: bytes, file: str, line: int | None, strip_bom: bool) -> str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        where = line if line is not None else raw[: error.start].count(b"\n") + 1
-        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
-        raise DatasetError(
-            f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {column} of the line); "
-            "re-encode the file as UTF-8",
-            file=file,
-            line=where,
-            reason="not_utf8",
-        ) from None
-    return text.removeprefix("\ufeff") if strip_bom else text
-
-
-def _json_kind(value: Any) -> str:
-    names = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
-    if type(value) in names:
-        return names[type(value)]
-    return "a number" if isinstance(value, (int, float)) else type(value).__name__
 
 
 def require_text_fields(

@@ -50,7 +50,6 @@ from llmrl.data.datasets import (
     DataSource,
     count_rows,
     fingerprint,
-    load_json_line,
     read_rows,
     require_datasets,
     require_fields,
@@ -58,6 +57,7 @@ from llmrl.data.datasets import (
     resolve_source,
     sha256_file,
 )
+from llmrl.data.json_rows import load_json_line
 from llmrl.envs.tasks.base import Problem
 
 logger = logging.getLogger(__name__)

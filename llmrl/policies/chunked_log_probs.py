@@ -301,13 +301,13 @@ def _output_layer(model: nn.Module) -> nn.Linear:
     config = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, name, None):
-            raise NotImplementedError(
+            raise ValueError(
                 f"the model transforms its logits after the output layer ({name}); score it "
                 "with log_prob_chunk_size=None"
             )
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
-        raise NotImplementedError(
+        raise ValueError(
             f"chunked log-probs need an nn.Linear output layer, got {type(head).__name__}; "
             "score with log_prob_chunk_size=None"
         )

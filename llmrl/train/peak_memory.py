@@ -38,11 +38,9 @@ def peak_memory_mb(device: torch.device | str) -> float:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / MIB
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux): getrusage's peak so far
         for line in _STATUS.read_text().splitlines():
             if line.startswith("VmHWM:"):  # "VmHWM:	  17028 kB"
                 return int(line.split()[1]) * 1024 / MIB
-    except OSError:
-        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
     return peak / MIB if sys.platform == "darwin" else peak * 1024 / MIB

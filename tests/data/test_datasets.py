@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 import llmrl.data.datasets as datasets_module
+import llmrl.data.json_rows as json_rows
 from llmrl.data.datasets import (
     DatasetError,
     MissingDatasetsError,
@@ -258,9 +259,9 @@ def test_a_line_over_the_row_limit_is_refused_without_reading_it_whole(tmp_path,
 
 
 def test_json_nesting_is_measured_without_recursion():
-    assert datasets_module.json_depth('{"a": [1, {"b": "[[[{{"}], "c": "\\\\\\"["}') == 3
-    assert datasets_module.json_depth("[" * 1_000_000) == 1_000_000  # no RecursionError
-    assert datasets_module.json_depth('"' + "[" * 10) == 10  # an unclosed string: brackets count
+    assert json_rows.json_depth('{"a": [1, {"b": "[[[{{"}], "c": "\\\\\\"["}') == 3
+    assert json_rows.json_depth("[" * 1_000_000) == 1_000_000  # no RecursionError
+    assert json_rows.json_depth('"' + "[" * 10) == 10  # an unclosed string: brackets count
 
 
 @pytest.mark.parametrize(
