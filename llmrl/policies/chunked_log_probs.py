@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmrl.models.layers import unwrapped
+
 DEFAULT_LOG_PROB_CHUNK_SIZE = 1024
 """Positions per output-layer chunk: 1024 x 151,936 fp32 logits are 0.6 GB, a few of which
 exist at once; the matmuls stay large enough to run at full speed."""
@@ -291,13 +293,7 @@ class _HeadSwitch:
 def _output_layer(model: nn.Module) -> nn.Linear:
     """The ``nn.Linear`` output layer of a causal LM, through DDP / DataParallel /
     ``torch.compile`` wrappers (peft models forward ``get_output_embeddings`` themselves)."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
-        else:
-            break
+    model = unwrapped(model)
     config = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, name, None):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from llmrl.models.layers import decoder_layers
+from llmrl.models.layers import decoder_layers, unwrapped
 from llmrl.models.sharding import is_fully_sharded
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def wrap_model(model: torch.nn.Module, strategy: str, mp_policy: Any = None) -> 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The plain model inside a DDP wrapper (an FSDP2 model is its own module)."""
-    return getattr(model, "module", model)
+    return unwrapped(model)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
