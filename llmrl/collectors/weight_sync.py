@@ -118,7 +118,7 @@ class InProcessWeightUpdater(WeightUpdater):
             with torch.no_grad():
                 model.load_state_dict(state)
         elif callable(getattr(self.target, "load_weights", None)):
-            self.target.load_weights(state.items())
+            self.target.load_weights(state.items(), version=version)
         else:
             raise TypeError(
                 f"cannot load weights into {type(self.target).__name__}: expected a module, a "
@@ -179,7 +179,7 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
                 if as_pairs is None:
                     as_pairs = ray.put(list(state.items()))
                     nbytes += state_dict_bytes(state)
-                calls.append(actor.load_weights.remote(as_pairs))
+                calls.append(actor.load_weights.remote(as_pairs, version))
         ray.get(calls)
         return nbytes
 

@@ -6,69 +6,23 @@ each worker, called from the engine through ``LLM.collective_rpc(method_name, ar
 ``self`` is the vLLM worker, with ``self.model_runner.model`` (the model, sharded for tensor
 parallelism) and ``self.device`` (the worker's GPU).
 
-Two ways in for new weights:
-
-- :meth:`WeightSyncWorkerExtension.load_weights_from_tensors`: the tensors travel with the call
-  (from CPU memory; simplest, fine for small models and tests);
-- :meth:`WeightSyncWorkerExtension.init_weight_update_group` then
-  :meth:`WeightSyncWorkerExtension.update_weight_from_broadcast` per tensor: a trainer process
-  (rank 0) broadcasts each tensor over NCCL to every worker of every engine.
-
-``vLLM``'s engine-core process decodes call arguments with msgpack, which turns a tensor nested in
-a list into raw fields; :func:`pack_named_tensors` therefore sends each tensor as
-``(name, dtype, shape, bytes)``, plain data that survives every transport (msgpack, pickle, Ray),
-and the worker rebuilds it with :func:`unpack_named_tensor`.
-
-Example (what :class:`~llmrl.policies.vllm_engine.VLLMEngine` does):
-    >>> llm = LLM(model, worker_extension_cls=WORKER_EXTENSION)
-    >>> llm.collective_rpc("load_weights_from_tensors", args=(pack_named_tensors(weights),))
-    >>> llm.collective_rpc("checksum_weights")
-    [12345.6]
+What it adds: the NCCL path for GPU engines on other nodes than the trainer.
+:meth:`WeightSyncWorkerExtension.init_weight_update_group` then
+:meth:`WeightSyncWorkerExtension.update_weight_from_broadcast` per tensor: a trainer process
+(rank 0) broadcasts each tensor over NCCL to every worker of every engine. Engines on the
+trainer's node (and every engine of vLLM's CPU build) take weights through vLLM's
+weight-transfer API instead (:mod:`llmrl.policies.vllm_file_transfer`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 WORKER_EXTENSION = "llmrl.policies.vllm_worker_extension.WeightSyncWorkerExtension"
 """The dotted name to pass to vLLM as ``worker_extension_cls``."""
-
-PackedTensor = tuple[str, str, list[int], bytes]
-"""``(name, dtype name, shape, raw bytes)``: one tensor as plain data."""
-
-
-def pack_named_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[PackedTensor]:
-    """Turn ``(name, tensor)`` pairs into plain ``(name, dtype, shape, bytes)`` tuples.
-
-    Works for every dtype (bfloat16 included): the bytes are the tensor's own, read as uint8.
-    """
-    packed = []
-    for name, tensor in named_tensors:
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        packed.append((name, dtype, list(tensor.shape), data))
-    return packed
-
-
-def unpack_named_tensor(entry: Sequence[Any]) -> tuple[str, torch.Tensor]:
-    """One ``(name, tensor)`` pair from a packed entry, or from a ``(name, tensor)`` pair."""
-    if len(entry) == 2 and isinstance(entry[1], torch.Tensor):
-        return str(entry[0]), entry[1]
-    if len(entry) != 4:
-        raise ValueError(
-            "expected (name, tensor) or (name, dtype, shape, bytes) entries, got "
-            f"{len(entry)} fields"
-        )
-    name, dtype_name, shape, data = entry
-    dtype = _dtype(dtype_name)
-    if not data:
-        return str(name), torch.empty(list(shape), dtype=dtype)
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return str(name), raw.view(dtype).reshape(list(shape))
 
 
 class WeightSyncWorkerExtension:
@@ -91,23 +45,6 @@ class WeightSyncWorkerExtension:
     # Set by vLLM's worker, listed here for readers and type checkers.
     model_runner: Any
     device: torch.device
-
-    def load_weights_from_tensors(self, named_tensors: Sequence[Sequence[Any]]) -> None:
-        """Load ``(name, tensor)`` pairs (or :func:`pack_named_tensors` entries) into the model.
-
-        Names are the Hugging Face checkpoint names (``model.layers.0.self_attn.q_proj.weight``);
-        the model's own ``load_weights`` maps them onto vLLM's fused and sharded parameters.
-        Tensors are moved to the worker's GPU one at a time.
-        """
-        device = self.device
-
-        def on_device() -> Iterator[tuple[str, torch.Tensor]]:
-            for entry in named_tensors:
-                name, tensor = unpack_named_tensor(entry)
-                yield name, tensor.to(device, non_blocking=True)
-
-        self.model_runner.model.load_weights(weights=on_device())
-        torch.cuda.synchronize(device)
 
     def init_weight_update_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int
@@ -145,13 +82,6 @@ class WeightSyncWorkerExtension:
         comm.broadcast(weight, src=0, stream=torch.cuda.current_stream())
         self.model_runner.model.load_weights(weights=[(name, weight)])
         del weight
-
-    def checksum_weights(self) -> float:
-        """Sum of every parameter of this worker's shard, in float64 (tests check loads with it)."""
-        total = 0.0
-        for _, parameter in self.model_runner.model.named_parameters():
-            total += torch.sum(parameter.detach(), dtype=torch.float64).item()
-        return total
 
 
 def _dtype(name: str) -> torch.dtype:

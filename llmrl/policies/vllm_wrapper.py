@@ -149,11 +149,13 @@ class vLLMWrapper(LLMWrapperBase):
         return ScoreResult(log_probs=log_probs)
 
     # ------------------------------------------------------------------ weights
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push ``(name, tensor)`` pairs (Hugging Face names) into every engine.
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> None:
+        """Push ``(name, tensor)`` pairs (Hugging Face names) into every engine, as ``version``.
 
-        Each engine loads them into all its workers and drops its prefix cache. Ray engines
-        share one CPU copy put in the object store once.
+        Each engine loads them into all its workers (vLLM's weight-transfer API) and drops its
+        prefix cache. Ray engines share one CPU copy put in the object store once.
         """
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         shared = None
@@ -163,7 +165,7 @@ class vLLMWrapper(LLMWrapperBase):
             shared = ray.put([(name, tensor.cpu()) for name, tensor in weights])
         self._call_each(
             [
-                (engine, "load_weights", (shared if _is_ray_actor(engine) else weights,))
+                (engine, "load_weights", (shared if _is_ray_actor(engine) else weights, version))
                 for engine in self._engines
             ]
         )

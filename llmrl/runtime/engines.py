@@ -177,6 +177,9 @@ def start_engines(
                 gpu_memory_utilization=inference.gpu_memory_utilization,
                 dtype=dtype,
                 seed=engine_seed(index) or 0,
+                enforce_eager=inference.enforce_eager,
+                cpu_kv_cache_gb=inference.cpu_kv_cache_gb,
+                **load_options_for_vllm(load_options),
             )
         )
     factories = [
@@ -184,6 +187,12 @@ def start_engines(
         for engine in engines
     ]
     return EngineSet(factories, engines)
+
+
+def load_options_for_vllm(load_options: dict[str, bool] | None) -> dict[str, Any]:
+    """vLLM's ``trust_remote_code`` from llmrl's load options (vLLM reads safetensors only, so
+    ``allow_pickled_weights`` has nothing to switch)."""
+    return {"trust_remote_code": bool((load_options or {}).get("trust_remote_code", False))}
 
 
 def inference_actor_options(topology: Topology, placement: Placement) -> list[dict[str, Any]]:
@@ -214,7 +223,10 @@ def inference_actor_options(topology: Topology, placement: Placement) -> list[di
 
 
 def _engine_gpu_share(topology: Topology) -> float:
-    """The GPU share of a single-GPU vLLM engine: all of it, or half when colocated."""
+    """The GPU share of a single-GPU vLLM engine: all of it, half when colocated, none for
+    vLLM's CPU build."""
+    if not topology.inference.engine_gpus:
+        return 0.0
     return 0.5 if topology.colocated else 1.0
 
 

@@ -161,6 +161,8 @@ class GRPORuntime:
             load_options=config.model.load_options,
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
+        self.vllm_engines = engines.vllm_engines
+        """The ``VLLMEngine`` actors behind the inference actors (empty for transformers)."""
         env_factory = TaskEnvFactory(
             self.task,
             self.train_rows,

@@ -70,7 +70,8 @@ class InferenceSpec(ConfigModel):
 
     ``gpus_per_engine`` may be left out (null): :attr:`engine_gpus` then derives it from the
     backend (the tensor-parallel size for vllm, 0 for the transformers backend); when given, it
-    must agree with the backend (a transformers engine runs on CPU or on one GPU).
+    must agree with the backend (a transformers engine runs on CPU or on one GPU; a vllm engine
+    on one GPU per tensor-parallel rank, or on CPU with 0 and vLLM's CPU build).
 
     Example::
 
@@ -130,6 +131,22 @@ class InferenceSpec(ConfigModel):
     )
     cpus_per_engine: float = Field(
         4.0, gt=0, le=MAX_CLUSTER, description="CPU cores of each engine"
+    )
+    cpu_kv_cache_gb: float = Field(
+        1.0,
+        gt=0,
+        le=1024,
+        description=(
+            "KV cache of each vllm engine on CPU (gpus_per_engine 0, vLLM's CPU build), in GiB; "
+            "vLLM's own default takes most of the machine's memory"
+        ),
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description=(
+            "run vllm engines without torch.compile and CUDA graphs; null: eager on CPU "
+            "(half the start-up time), compiled on GPUs"
+        ),
     )
     memory_gb: float = Field(
         32.0, gt=0, le=MAX_CLUSTER, description="memory of each engine's pod, in GiB"
@@ -399,10 +416,13 @@ class Topology(ConfigModel):
                     "engine over several GPUs"
                 )
             return problems
+        if gpus == 0 and size == 1:
+            return []  # vLLM's CPU build: one engine process on CPU cores
         if gpus != size:
             return [
                 "inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; "
-                f"must equal inference.tensor_parallel_size ({size}), got {gpus}"
+                f"must equal inference.tensor_parallel_size ({size}), or be 0 with "
+                f"tensor_parallel_size 1 for vLLM's CPU build; got {gpus}"
             ]
         return []
 

@@ -77,12 +77,13 @@ def test_in_process_accepts_state_dicts_pairs_and_load_weights_targets(tokenizer
     class Engine:  # a vLLM policy's interface
         loaded = ()
 
-        def load_weights(self, named_tensors):
+        def load_weights(self, named_tensors, version=None):
             self.loaded = [name for name, _ in named_tensors]
+            self.version = version
 
     engine = Engine()
-    InProcessWeightUpdater(engine).push(trainer.state_dict())
-    assert engine.loaded == list(trainer.state_dict())
+    InProcessWeightUpdater(engine).push(trainer.state_dict(), version=7)
+    assert engine.loaded == list(trainer.state_dict()) and engine.version == 7
 
 
 def test_push_needs_weights():

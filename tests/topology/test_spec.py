@@ -51,8 +51,15 @@ INVALID = [
     ),
     pytest.param(
         {"inference": {"backend": "vllm", "tensor_parallel_size": 2, "gpus_per_engine": 1}},
-        r"inference\.gpus_per_engine: .* must equal inference\.tensor_parallel_size \(2\), got 1",
+        r"inference\.gpus_per_engine: .* must equal inference\.tensor_parallel_size \(2\), .*"
+        r"got 1",
         id="vllm-gpus-equal-tp",
+    ),
+    pytest.param(
+        {"inference": {"backend": "vllm", "tensor_parallel_size": 2, "gpus_per_engine": 0}},
+        r"inference\.gpus_per_engine: .* or be 0 with tensor_parallel_size 1 for vLLM's CPU "
+        r"build; got 0",
+        id="vllm-cpu-engine-not-sharded",
     ),
     pytest.param(
         {"trainer": {"strategy": "single", "gpus": 2}},
@@ -327,3 +334,15 @@ def test_json_schema_accepts_the_chart_topologies(example):
     jsonschema.validate(
         Topology.local_default().model_dump(mode="json"), Topology.model_json_schema()
     )
+
+
+def test_a_vllm_engine_on_cpu_needs_no_gpu():
+    from llmrl.topology.placement import plan_groups
+
+    topology = Topology(
+        inference={"backend": "vllm", "gpus_per_engine": 0, "cpus_per_engine": 0.5},
+        trainer={"gpus": 0, "ranks": 2, "strategy": "ddp", "cpus": 1.0},
+    )
+    assert topology.inference.engine_gpus == 0 and topology.total_gpus == 0
+    groups, _ = plan_groups(topology)
+    assert groups[0].label == "inference[0]" and groups[0].bundles == ({"CPU": 0.5},)

@@ -227,8 +227,8 @@ cannot judge (or one installed with --skip-schema-validation) fails with the sam
 {{- if gt $gpus 1 }}
 {{- fail (printf "topology.inference.gpus_per_engine: the transformers backend runs each engine on CPU or one GPU; must be 0 or 1 (got %d); use backend 'vllm' to shard an engine over several GPUs" $gpus) }}
 {{- end }}
-{{- else if ne $gpus $tp }}
-{{- fail (printf "topology.inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; must equal topology.inference.tensor_parallel_size (%d), got %d" $tp $gpus) }}
+{{- else if and (ne $gpus $tp) (not (and (eq $gpus 0) (eq $tp 1))) }}
+{{- fail (printf "topology.inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; must equal topology.inference.tensor_parallel_size (%d), or be 0 with tensor_parallel_size 1 for vLLM's CPU build; got %d" $tp $gpus) }}
 {{- end }}
 {{- $trainerGpus := int $t.trainer.gpus }}
 {{- $ranksSet := not (kindIs "invalid" $t.trainer.ranks) }}

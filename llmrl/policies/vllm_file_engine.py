@@ -1,0 +1,111 @@
+"""Worker side of the ``llmrl_file`` weight-transfer backend: a vLLM ``WeightTransferEngine``
+that loads a safetensors file into the running model.
+
+vLLM imports this module inside each worker process when an engine is built with
+``weight_transfer_config={"backend": "llmrl_file"}`` (registered by
+:func:`llmrl.policies.vllm_file_transfer.register`). Each ``update_weights`` call loads one whole
+file, and only once its SHA-256 matches the trainer's, so a bad file leaves the model as it was
+(vLLM's ``start_weight_update`` / ``finish_weight_update`` are no-ops here):
+
+1. the file's SHA-256 is checked against the one the trainer sent;
+2. vLLM's layerwise reload takes the processed kernels apart (vLLM's CPU build repacks every
+   linear weight into a oneDNN buffer after loading, so loading into the live parameters
+   fails), the model's ``load_weights`` maps Hugging Face names onto vLLM's fused parameters
+   (q/k/v, gate/up), re-processing each layer once it is whole, and the reload is finalised;
+3. the vocabulary layers are re-processed, so that an output head tied to the embedding packs
+   the new embedding (vLLM 0.32 processes a tied parameter through one parent only: without
+   this the head stays stale, silently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.model_loader.reload import (
+    finalize_layerwise_reload,
+    initialize_layerwise_reload,
+)
+
+from llmrl.data.datasets import sha256_file
+
+
+@dataclass
+class FileInitInfo(WeightTransferInitInfo):
+    """No rendezvous: the files are found by path."""
+
+
+@dataclass
+class FileUpdateInfo(WeightTransferUpdateInfo):
+    """One update: the safetensors file on this node, and its SHA-256 (empty: not checked)."""
+
+    path: str
+    sha256: str = ""
+
+
+class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo]):
+    """Loads a safetensors file written by the trainer side into this worker's model."""
+
+    init_info_cls = FileInitInfo
+    update_info_cls = FileUpdateInfo
+
+    def init_transfer_engine(self, init_info: FileInitInfo) -> None:
+        return None
+
+    def start_weight_update(self) -> None:
+        return None
+
+    def receive_weights(self, update_info: FileUpdateInfo) -> None:
+        path = Path(update_info.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"weight file {path} is not on this engine's node")
+        if update_info.sha256 and sha256_file(path) != update_info.sha256:
+            raise ValueError(
+                f"weight file {path}: its SHA-256 does not match the one the trainer sent (a "
+                "partial or replaced file); the engine refuses to load it"
+            )
+        initialize_layerwise_reload(self.model)
+        self.model.load_weights(_read_tensors(path, self.device))
+        finalize_layerwise_reload(self.model, self.model_config)
+        refresh_vocabulary_layers(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # vLLM's base class calls torch.accelerator.synchronize(), which fails on its CPU build.
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def finish_weight_update(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+
+def refresh_vocabulary_layers(model: torch.nn.Module) -> int:
+    """Re-process every vocabulary layer (embeddings, output heads) of a vLLM model from its
+    current weight; how many there were."""
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(module, VocabParallelEmbedding) and method is not None:
+            method.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
+def _read_tensors(path: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device=str(device)) as reader:
+        for name in reader.keys():  # noqa: SIM118 (safe_open is not iterable)
+            yield name, reader.get_tensor(name)

@@ -1,0 +1,58 @@
+"""Fixtures of the vLLM tests (vLLM's CPU build, run in the stage environment `.venv-stage`).
+
+Every module starts at most one engine (about 40 s on 2 cores, eager): the engine fixtures are
+module-scoped, never per test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+# fp32 log-probs of the same tokens from vLLM's CPU kernels and transformers' differ by
+# rounding only: each logit is a chain of ~30 layers of fp32 dot products (hidden 576, MLP 1536)
+# summed in another order by oneDNN than by torch's GEMM, ~1e-6 relative per layer, on logits
+# of magnitude ~20. Measured: 3.8e-5 at most (prompt log-probs), 6.6e-6 (sampled). A stale or
+# missing weight moves them by tenths of a nat (a stale tied head: 0.92).
+ATOL = 2e-4
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    """SmolLM2-135M-Instruct as a safetensors folder (converted once per session)."""
+    from llmrl.models import ensure_converted, resolve_spec
+
+    return str(ensure_converted(resolve_spec("smollm2-135m-instruct").location))
+
+
+@pytest.fixture(scope="session")
+def vocab_size(model_dir) -> int:
+    return json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    """The same model in transformers, fp32, in eval mode (the trainer's side)."""
+    from llmrl.models import load_model
+
+    return load_model(model_dir, dtype=torch.float32).eval().requires_grad_(False)
+
+
+def hf_log_probs(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
+    """``[0, lp(t1 | t0), ...]`` of one token sequence under a transformers model."""
+    with torch.no_grad():
+        logits = model(torch.tensor([sequence])).logits[0, :-1].float()
+    picked = logits.log_softmax(-1).gather(-1, torch.tensor(sequence[1:])[:, None])[:, 0]
+    return torch.cat([torch.zeros(1), picked])
+
+
+def assert_close_rows(expected, actual, atol: float = ATOL) -> None:
+    """Rows of log-probs agree within ``atol`` (same lengths, row named on failure)."""
+    assert [len(e) for e in expected] == [len(a) for a in actual]
+    for row, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        e, a = torch.as_tensor(e).float().cpu(), torch.as_tensor(a).float().cpu()
+        gap = (e - a).abs().max().item() if len(e) else 0.0
+        assert gap <= atol, f"row {row}: log-probs differ by {gap:.3g} (> {atol})"
