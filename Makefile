@@ -140,7 +140,7 @@ test-vllm: $(STAGE_VENV)/.installed
 # about 30 minutes on 2 cores. The peers are installed into benchmarks/.peers-venv on first use,
 # never into $(VENV).
 BENCH_ENV = HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
-bench: $(VENV)/.installed-run
+bench: $(VENV)/.installed-run $(STAGE_VENV)/.installed
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python rollout.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python grpo_step.py --trl-variants --micro-batch-size 8
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python overhead.py

@@ -1,16 +1,20 @@
-"""Rollout generation throughput: llmrl vs raw Hugging Face ``generate`` vs TorchRL.
+"""Rollout generation throughput: llmrl's engines (transformers, vLLM's CPU build) vs raw
+Hugging Face ``generate`` vs TorchRL.
 
-Four worker processes (llmrl's ``TransformersWrapper`` with its decode loop and with the
-compiled static-KV decode, raw HF in the project's venv, TorchRL's ``TransformersWrapper`` in the
-peers' venv) load the same exported model and sample
+Five worker processes (llmrl's ``TransformersWrapper`` with its decode loop and with the
+compiled static-KV decode, raw HF in the project's venv, llmrl's ``vLLMWrapper`` over vLLM's CPU
+build in the stage environment ``.venv-stage``, TorchRL's ``TransformersWrapper`` in the peers'
+venv) load the same exported model and sample
 ``samples`` responses for each of the same ``batch`` chats, ``new-tokens`` at most, fp32 on CPU,
 with the same seed per repetition. llmrl and TorchRL also return sampling log-probs and decoded
 text (what a rollout needs); raw HF returns ids. After a warm-up, repetitions alternate
 between the contenders; the medians and ratios are printed, and what compiling cost: the
 compiled side's extra first-call time, and after how many calls it pays for itself (if ever).
+Start-up (model load, vLLM's engine start) is printed apart from the per-call times.
 
     python benchmarks/rollout.py                     # 8 chats x 4 samples, 64 new tokens
-    python benchmarks/rollout.py --reps 3 --no-peers # llmrl vs raw HF only
+    python benchmarks/rollout.py --reps 3 --no-peers # llmrl vs raw HF (and vLLM) only
+    python benchmarks/rollout.py --no-vllm           # without the stage environment
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from workload import exported_model, rollout_chats
 
 TARGET_VS_HF, TARGET_VS_TORCHRL = 1.2, 1.3
 COMPILED = "llmrl compiled"  # the same wrapper with compile_decode=True
+VLLM = "llmrl vLLM"  # vLLMWrapper over vLLM's CPU build, in the stage environment
+STAGE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-stage" / "bin" / "python"
 PEER_NAMES = {
     "raw HF": "raw HF `generate`",
     "TorchRL": "TorchRL `TransformersWrapper`",
@@ -49,6 +55,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--no-peers", action="store_true", help="skip TorchRL (no peers venv)")
+    parser.add_argument(
+        "--no-vllm", action="store_true", help="skip vLLM's CPU build (no `make stage-env`)"
+    )
     args = parser.parse_args()
 
     options = {
@@ -63,6 +72,10 @@ def main() -> None:
         (COMPILED, sys.executable, "llmrl_side.py", {"kind": "rollout", "compile_decode": True}),
         ("raw HF", sys.executable, "llmrl_side.py", {"kind": "raw_hf"}),
     ]
+    if not args.no_vllm:
+        if not STAGE_PYTHON.is_file():
+            parser.error(f"{STAGE_PYTHON} is missing: run `make stage-env`, or pass --no-vllm")
+        specs.append((VLLM, str(STAGE_PYTHON), "vllm_side.py", {"kind": "rollout"}))
     if not args.no_peers:
         from peers import peers_python
 
@@ -99,6 +112,11 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
             ]
         )
     print_table(rows, ["contender", "median s", "peak RSS MB", "CPU s", "tokens", "tokens/s"])
+    startup = {c.name: c.info["setup_seconds"] for c in contenders}
+    print(
+        "start-up (apart from the calls above): "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in startup.items())
+    )
     # the sides draw from different random streams, so their token counts differ: compare rates
     compiled_vs_loop = rate[COMPILED] / rate["llmrl"]
     compile_cost = compile_seconds(contenders, results)
@@ -117,6 +135,12 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
     vs_hf = rate["llmrl"] / rate["raw HF"]
     print(f"ratio llmrl / raw HF (tokens/s): {vs_hf:.3f}  {verdict(vs_hf, TARGET_VS_HF, True)}")
     ratios = {"raw HF": vs_hf}
+    if VLLM in rate:
+        vllm_vs_llmrl = rate[VLLM] / rate["llmrl"]
+        print(
+            f"ratio vLLM CPU build / llmrl transformers engine (tokens/s): {vllm_vs_llmrl:.3f}; "
+            f"vLLM starts in {startup[VLLM]:.1f} s against {startup['llmrl']:.1f} s"
+        )
     if "TorchRL" in rate:
         vs_trl = rate["llmrl"] / rate["TorchRL"]
         print(
@@ -157,6 +181,8 @@ def report(args: argparse.Namespace, contenders: list[Contender], results: dict)
             for c in contenders
         },
         extra={
+            "vllm_vs_transformers_engine": rate[VLLM] / rate["llmrl"] if VLLM in rate else None,
+            "startup_seconds": startup,
             "compiled_vs_decode_loop": compiled_vs_loop,
             "compile_seconds": compile_cost,
             "compile_payoff_calls": payoff_calls,

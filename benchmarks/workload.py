@@ -9,7 +9,9 @@ arithmetic task prepared by ``llmrl prepare`` under ``benchmarks/.work/data``.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness import WORK_DIR
 
@@ -31,6 +33,19 @@ QUESTIONS = [
 def rollout_chats(batch: int) -> list[list[dict[str, str]]]:
     """``batch`` single-turn chats, cycling through :data:`QUESTIONS`."""
     return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(batch)]
+
+
+def rollout_runner(policy: Any, td: Any, new_tokens: int) -> Callable[[int], dict[str, Any]]:
+    """``run(seed)``: one rollout call of ``policy`` on the batch ``td`` (``new_tokens`` at most,
+    seeded), timed once untimed first by the caller; returns the response tokens drawn. Both
+    llmrl engines (``llmrl_side.py``, ``vllm_side.py``) are measured through it."""
+
+    def run(seed: int) -> dict[str, Any]:
+        kwargs = {"max_new_tokens": new_tokens, "seed": seed}
+        out = policy.get_new_version(generate_kwargs=kwargs)(td)
+        return {"tokens": sum(len(r) for r in out.reshape(-1)["tokens"].as_list("response"))}
+
+    return run
 
 
 def exported_model(spec: str) -> Path:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from harness import serve
 from tensordict import TensorDict
+from workload import rollout_runner
 
 
 def setup(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -66,11 +67,7 @@ def _generation(options: dict[str, Any], info: dict[str, Any]):
             generate_kwargs={"max_new_tokens": new_tokens},
             compile_decode=options.get("compile_decode", False),
         )
-
-        def run(seed: int) -> dict[str, Any]:
-            kwargs = {"max_new_tokens": new_tokens, "seed": seed}
-            out = policy.get_new_version(generate_kwargs=kwargs)(td)
-            return {"tokens": sum(len(r) for r in out.reshape(-1)["tokens"].as_list("response"))}
+        run = rollout_runner(policy, td, new_tokens)
 
         # the first call pays one-off costs (with compile_decode: compiling the decode step)
         started = time.perf_counter()

@@ -29,6 +29,21 @@ class EvalConfig(StageConfig):
         description="sampling settings for pass@k (max_new_tokens: `max_new_tokens` unless set)",
     )
     label: str = Field("model", description="name of what is evaluated, in tables and MLflow")
+    engine_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        max_length=2048,
+        description=(
+            "URL of an OpenAI-compatible vLLM server (`vllm serve`) that serves the model: "
+            "answers come from it and nothing is loaded here (model.name still gives the "
+            "tokenizer); null: the model is loaded in this process"
+        ),
+    )
+    engine_model: str | None = Field(
+        None,
+        max_length=1024,
+        description="the served model's name at engine_url (null: the first one it lists)",
+    )
 
     @field_validator("pass_at")
     @classmethod

@@ -31,6 +31,7 @@ import torch
 
 from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
 from llmrl.policies.generation_kwargs import GenerationKwargs
+from llmrl.policies.remote_vllm import URL_SCHEMES, RemoteVLLMEngine
 from llmrl.policies.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
@@ -47,7 +48,9 @@ class vLLMWrapper(LLMWrapperBase):
     """A policy over vLLM engines (see :class:`LLMWrapperBase` for the keyword arguments).
 
     Args:
-        engines: a model spec (one :class:`VLLMEngine` is built in this process), a
+        engines: a model spec (one :class:`VLLMEngine` is built in this process), the URL of
+            a ``vllm serve`` process (``http://host:port``: a
+            :class:`~llmrl.policies.remote_vllm.RemoteVLLMEngine`), a
             :class:`VLLMEngine`, a ``vllm.LLM``, a Ray actor handle of :class:`VLLMEngine`, any
             object with ``generate`` and ``prompt_log_probs`` methods like
             :class:`VLLMEngine`'s, or a list of these (the batch is split over them).
@@ -239,6 +242,8 @@ def _as_engines(engines: Any) -> list[EngineLike]:
 
 
 def _as_engine(engine: Any) -> EngineLike:
+    if isinstance(engine, str) and engine.startswith(URL_SCHEMES):
+        return RemoteVLLMEngine(engine)
     if isinstance(engine, (str, Path)):
         return VLLMEngine(engine)
     if _is_ray_actor(engine):
@@ -249,7 +254,8 @@ def _as_engine(engine: Any) -> EngineLike:
     if all(callable(getattr(engine, name, None)) for name in _ENGINE_METHODS):
         return engine
     raise TypeError(
-        "vLLMWrapper engines must be a model spec, a VLLMEngine, a vllm.LLM, a Ray actor of "
+        "vLLMWrapper engines must be a model spec, a server URL, a VLLMEngine, a vllm.LLM, a "
+        "Ray actor of "
         f"VLLMEngine or an object with {' and '.join(_ENGINE_METHODS)} methods; got "
         f"{type(engine).__name__}"
     )

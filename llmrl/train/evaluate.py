@@ -22,8 +22,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -36,8 +38,12 @@ from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks.base import Problem, Task
 from llmrl.eval.kinds import accuracy_by_kind, kind_metrics, problem_kind, problem_kinds
 from llmrl.models import load_model, load_tokenizer
-from llmrl.policies import TransformersWrapper
+from llmrl.policies import LLMWrapperBase, TransformersWrapper, vLLMWrapper
+from llmrl.policies.remote_vllm import RemoteVLLMEngine
 from llmrl.train.stage import log_prepared_data, prepared_task, stage_tracker
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +82,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _answer_all(
-    env: TaskEnv, policy: TransformersWrapper, samples: int, progress: bool, what: str
+    env: TaskEnv, policy: LLMWrapperBase, samples: int, progress: bool, what: str
 ) -> dict[str, list[tuple[bool, str]]]:
     """Per problem id: (correct, response) of each of its ``samples`` answers."""
     answers: dict[str, list[tuple[bool, str]]] = {}
@@ -107,31 +113,18 @@ def evaluate(config: EvalConfig) -> EvalReport:
     if not problems:
         raise ConfigError([f"data.path: {config.data.path}: the eval split is empty"])
     tokenizer = load_tokenizer(config.model.spec, trust_remote_code=config.model.trust_remote_code)
-    model = load_model(
-        config.model.spec,
-        dtype=config.model.dtype,
-        device=config.model.device,
-        **config.model.load_options,
-    )
+    make_policy = _policy_factory(config, tokenizer)
     logger.info("Evaluating %s on %d %s problems", config.model.spec, len(problems), task.name)
 
     def env(repeats: int) -> TaskEnv:
         return TaskEnv(task, problems, config.batch_size, repeats, shuffle=False, epochs=1)
 
-    greedy = TransformersWrapper(
-        model,
-        tokenizer,
-        generate_kwargs={"max_new_tokens": config.max_new_tokens, "do_sample": False},
-    )
+    greedy = make_policy({"max_new_tokens": config.max_new_tokens, "do_sample": False})
     with torch.no_grad():
         greedy_answers = _answer_all(env(1), greedy, 1, config.progress, "eval greedy")
         sampled: dict[str, list[tuple[bool, str]]] = {}
         if config.num_samples:
-            sampler = TransformersWrapper(
-                model,
-                tokenizer,
-                generate_kwargs=config.sampling.as_kwargs(seed=config.seed),
-            )
+            sampler = make_policy(config.sampling.as_kwargs(seed=config.seed))
             sampled = _answer_all(
                 env(config.num_samples), sampler, config.num_samples, config.progress, "eval pass@k"
             )
@@ -139,6 +132,24 @@ def evaluate(config: EvalConfig) -> EvalReport:
     report = _summarise(config, task, problems, greedy_answers, sampled, seconds)
     _log(config, report, manifest)
     return report
+
+
+def _policy_factory(
+    config: EvalConfig, tokenizer: PreTrainedTokenizerBase
+) -> Callable[[dict[str, Any]], LLMWrapperBase]:
+    """``make(generate_kwargs)``: policies over the model loaded here, or over the vLLM server at
+    ``config.engine_url`` (the model is then served by another process, not loaded)."""
+    if config.engine_url:
+        engine = RemoteVLLMEngine(config.engine_url, model=config.engine_model)
+        logger.info("Answers come from %r served at %s", engine.model, engine.url)
+        return lambda kwargs: vLLMWrapper(engine, tokenizer, generate_kwargs=kwargs)
+    model = load_model(
+        config.model.spec,
+        dtype=config.model.dtype,
+        device=config.model.device,
+        **config.model.load_options,
+    )
+    return lambda kwargs: TransformersWrapper(model, tokenizer, generate_kwargs=kwargs)
 
 
 def _summarise(

@@ -86,7 +86,8 @@ def _messages(chat) -> list[tuple[str, str]]:
 def test_modules_import_without_vllm_or_ray():
     code = (
         "import sys, llmrl.policies, llmrl.policies.vllm_wrapper, llmrl.policies.vllm_engine, "
-        "llmrl.policies.vllm_worker_extension\n"
+        "llmrl.policies.vllm_worker_extension, llmrl.policies.vllm_file_transfer, "
+        "llmrl.policies.remote_vllm, llmrl.train.evaluate\n"
         "from llmrl.policies import vLLMWrapper\n"
         "assert 'vllm' not in sys.modules and 'ray' not in sys.modules, 'imported at top level'\n"
     )

@@ -49,6 +49,19 @@ def hf_log_probs(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
     return torch.cat([torch.zeros(1), picked])
 
 
+def assert_trainer_reproduces_sampled_log_probs(model: torch.nn.Module, flat) -> None:
+    """The trainer's own forward gives the sampler's log-probs for the sampled tokens of every
+    row of ``flat`` (a sampled batch ``[N]``)."""
+    sampled = flat["log_probs"].as_list("response")
+    assert all(len(lp) and (lp <= 0).all() for lp in sampled)
+    full = flat["tokens"].as_list("full")
+    trainer = [
+        hf_log_probs(model, sequence.tolist())[-len(lp) :]
+        for sequence, lp in zip(full, sampled, strict=True)
+    ]
+    assert_close_rows(trainer, sampled)
+
+
 def assert_close_rows(expected, actual, atol: float = ATOL) -> None:
     """Rows of log-probs agree within ``atol`` (same lengths, row named on failure)."""
     assert [len(e) for e in expected] == [len(a) for a in actual]

@@ -1,6 +1,7 @@
-"""The GRPO runtime with ``inference.backend: vllm`` on vLLM's CPU build: a vLLM engine actor on
-Ray, two env workers and two trainer ranks (DDP over gloo), weights pushed after every step.
-After each push the engine must score exactly like the trainer's saved weights."""
+"""The GRPO runtime with ``inference.backend: vllm`` on vLLM's CPU build, as
+``configs/grpo-vllm-cpu.yaml`` describes it: a vLLM engine actor on Ray, two env workers and two
+trainer ranks (DDP over gloo), weights pushed after every step. After each push the engine must
+score exactly like the trainer's saved weights."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmrl.config import load_config
 from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
 from tests.collectors.ray_local import REPO_ROOT, local_ray  # noqa: F401
 from tests.runtime.fixed_reward_task import FixedRewardTask
-from tests.train.conftest import _isolated, arithmetic_data, stage_config  # noqa: F401
+from tests.train.conftest import REPO, _isolated, arithmetic_data  # noqa: F401
 from tests.vllm.conftest import assert_close_rows, hf_log_probs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow(seconds=200)]
 
+CONFIG = REPO / "configs" / "grpo-vllm-cpu.yaml"
 PROBE = [1, 9690, 198, 504, 3458, 28, 253, 9516, 30, 216, 33, 34]
 
 
@@ -51,29 +54,23 @@ def test_grpo_on_a_vllm_cpu_engine_keeps_the_engine_equal_to_the_trainer(
     _, manifest = grpo_runtime.prepared_task(arithmetic_data)
     monkeypatch.setattr(grpo_runtime, "prepared_task", lambda path: (FixedRewardTask(1), manifest))
 
-    config = stage_config(
+    config = load_config(
         GRPOConfig,
-        f"data.path={arithmetic_data}",
-        f"model.name={vllm_tiny_dir}",
-        "generation.max_new_tokens=8",
-        "optimizer.lr=1e-3",
-        "runtime.torch_threads=1",
-        f"checkpoint.dir={tmp_path / 'checkpoints'}",
-        "checkpoint.keep_last=3",
-        "topology.inference.backend=vllm",
-        "topology.inference.gpus_per_engine=0",
-        "topology.inference.cpus_per_engine=0.5",
-        "topology.trainer.gpus=0",
-        "topology.trainer.ranks=2",
-        "topology.trainer.strategy=ddp",
-        "topology.trainer.cpus=1.0",
-        "topology.env_workers.count=2",
-        "topology.env_workers.cpus_each=0.25",
-        prompts_per_step=4,
-        num_samples=2,
-        mode="sync",
-        seed=0,
+        CONFIG,
+        [
+            f"data.path={arithmetic_data}",
+            f"model.name={vllm_tiny_dir}",  # the shipped config's SmolLM2, shrunk for the test
+            "generation.max_new_tokens=8",
+            "optimizer.lr=1e-3",
+            f"checkpoint.dir={tmp_path / 'checkpoints'}",
+            "checkpoint.keep_last=3",
+            "prompts_per_step=4",
+            "num_samples=2",
+            "progress=false",
+        ],
     )
+    assert config.topology.inference.backend == "vllm"
+    assert config.topology.inference.engine_gpus == 0 and config.topology.trainer.world_size == 2
     start = load_model(vllm_tiny_dir, dtype=torch.float32).eval()
     runtime_env = actor_runtime_env()
     runtime_env["env_vars"]["PYTHONPATH"] = str(REPO_ROOT)  # the env workers import the task

@@ -21,7 +21,11 @@ from llmrl.policies.generation_kwargs import GenerationKwargsError
 from llmrl.policies.vllm_engine import VLLMEngine
 from llmrl.policies.vllm_wrapper import vLLMWrapper
 from tests.policies.conftest import PROMPTS, history_batch
-from tests.vllm.conftest import assert_close_rows, hf_log_probs
+from tests.vllm.conftest import (
+    assert_close_rows,
+    assert_trainer_reproduces_sampled_log_probs,
+    hf_log_probs,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow(seconds=240)]
 
@@ -71,15 +75,8 @@ def test_history_mode_samples_groups_whose_log_probs_the_trainer_reproduces(
         for k in range(2):
             assert _messages(out[b]["history"].prompt[k]) == _messages_of(PROMPTS[b])
     flat = out.reshape(-1)
+    assert_trainer_reproduces_sampled_log_probs(hf_model, flat)
     sampled = flat["log_probs"].as_list("response")
-    assert all(len(lp) and (lp <= 0).all() for lp in sampled)
-    # the trainer's own forward gives the sampler's log-probs for the sampled tokens
-    full = flat["tokens"].as_list("full")
-    trainer = [
-        hf_log_probs(hf_model, seq.tolist())[-len(lp) :]
-        for seq, lp in zip(full, sampled, strict=True)
-    ]
-    assert_close_rows(trainer, sampled)
     # and so does the backend's own scoring of the same sequences
     scored = policy.get_new_version(generate=False, input_mode="tokens", num_samples=None)(flat)
     assert_close_rows(sampled, scored["log_probs"].as_list("response"))
