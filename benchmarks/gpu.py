@@ -287,7 +287,7 @@ def measure_llmrl_grpo(model_dir: Path, device: str, sizes: dict) -> dict[str, A
     """llmrl's GRPO step (see the module docstring): median seconds, phases, peak memory."""
     from llmrl.config.common import LoraSettings
     from llmrl.models import load_tokenizer
-    from llmrl.objectives import MCAdvantage
+    from llmrl.objectives import build_advantage
     from llmrl.policies import TransformersWrapper
     from llmrl.train.grpo_trainer import GRPOTrainer
     from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
@@ -308,7 +308,7 @@ def measure_llmrl_grpo(model_dir: Path, device: str, sizes: dict) -> dict[str, A
         num_samples=config.num_samples,
         generate_kwargs=config.generation.as_kwargs(),
     )
-    advantage = MCAdvantage(config.num_samples, trajectory_key=None)
+    advantage = build_advantage(config, trajectory_key=None)
     trainer = GRPOTrainer(config, trainable, tokenizer, total_steps=config.steps)
     prompts = _chats_batch(config.prompts_per_step)
     groups = iter(range(1_000_000))  # a fresh group id per prompt of every step

@@ -30,7 +30,7 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
 from llmrl.models import load_model, load_tokenizer
-from llmrl.objectives import MCAdvantage
+from llmrl.objectives import build_advantage
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime.grpo_runtime import rollout_metrics
 from llmrl.train.grpo_trainer import GRPOTrainer
@@ -79,11 +79,7 @@ class InProcessGRPO:
             dialog_turns_per_batch=turns,
             weight_updater=InProcessWeightUpdater(self.sampler, source=self.model),
         )
-        self.advantage = MCAdvantage(
-            config.num_samples,
-            scale=config.advantage.scale,
-            drop_zero_std=config.advantage.drop_zero_std,
-        )
+        self.advantage = build_advantage(config)
         self.sampler = DynamicSampler(
             self.advantage, config.prompts_per_step, config.advantage.resample_rounds
         )

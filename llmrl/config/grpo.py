@@ -23,16 +23,30 @@ read when the config names no ``topology``."""
 
 
 class GRPOLossSettings(ConfigModel):
-    """Options of :class:`llmrl.objectives.GRPOLoss`."""
+    """Options of :class:`llmrl.objectives.GRPOLoss` and its variants (``docs/algorithms.md``)."""
 
+    variant: Literal["grpo", "gspo", "cispo"] = Field(
+        "grpo",
+        description="the policy-gradient term. grpo: PPO's clipped token ratio; gspo: one "
+        "length-normalised ratio per sequence, clipped per sequence (GSPO; use a much "
+        "narrower clip_epsilon, e.g. [3.0e-4, 4.0e-4]); cispo: REINFORCE weighted by the "
+        "clipped, detached token ratio, no token's gradient cut (CISPO; e.g. clip_epsilon "
+        "[1.0, 0.28])",
+    )
     clip_epsilon: float | tuple[float, float] = Field(
-        0.2, description="symmetric clip, or (eps_low, eps_high) for DAPO clip-higher"
+        0.2,
+        description="symmetric clip, or (eps_low, eps_high) for DAPO clip-higher; the clip of "
+        "the token ratio (grpo), of the sequence ratio (gspo), or of the importance weight "
+        "(cispo)",
     )
     kl_to_ref_coeff: float = Field(0.0, ge=0, description="k3 KL to the reference model")
     kl_to_inference_coeff: float = Field(0.0, ge=0, description="k3 KL to the sampling policy")
     entropy_coeff: float = Field(0.0, ge=0, description="entropy bonus")
     aggregation: Literal["token_mean", "prompt_mean", "sum_norm"] = Field(
-        "token_mean", description="how per-token losses become one number"
+        "token_mean",
+        description="how per-token losses become one number: the mean over the batch's "
+        "tokens, the mean of each sequence's mean, or each sequence's sum divided by "
+        "generation.max_new_tokens (Dr. GRPO, with advantage.scale: none)",
     )
     masking_strategy: Literal["sft", "rlhf", "generic"] = Field(
         "sft", description="which tokens are trained: response, all assistant, all"
@@ -50,11 +64,27 @@ DEFAULT_MAX_RESAMPLE_ROUNDS = 3
 
 
 class AdvantageSettings(ConfigModel):
-    """Options of :class:`llmrl.objectives.MCAdvantage`, and dynamic sampling
-    (:class:`llmrl.collectors.DynamicSampler`)."""
+    """The advantage estimator (:func:`llmrl.objectives.build_advantage`,
+    ``docs/algorithms.md``), and dynamic sampling (:class:`llmrl.collectors.DynamicSampler`)."""
 
+    estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo",
+        description="grpo: reward minus the group mean, scaled by `scale`; rloo: reward minus "
+        "the mean of the group's other rewards (RLOO); reinforce_pp: reward (minus "
+        "kl_in_reward_coeff x KL to the reference) normalised by the whole batch's mean and "
+        "std, no group baseline (REINFORCE++)",
+    )
     scale: Literal["group", "batch", "none"] = Field(
-        "group", description="divide by the group std, the batch std, or nothing (Dr. GRPO)"
+        "group",
+        description="estimator grpo: divide by the group std, the batch std, or nothing (Dr. GRPO)",
+    )
+    kl_in_reward_coeff: float = Field(
+        0.0,
+        ge=0,
+        description="estimator reinforce_pp: beta of REINFORCE++'s KL in the reward, "
+        "R = reward - beta * sum over the response of (log pi_old - log pi_ref); needs "
+        "`reference: true` on a dedicated reference (topology.reference.placement), which "
+        "scores each batch before its advantages; 0: off",
     )
     drop_zero_std: bool = Field(
         False,
@@ -86,6 +116,22 @@ class AdvantageSettings(ConfigModel):
                 "max_resample_rounds bounds the resampling of dynamic sampling, which only runs "
                 "with drop_zero_std: true; set advantage.drop_zero_std: true (or remove "
                 "advantage.max_resample_rounds)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _options_of_the_estimator(self) -> AdvantageSettings:
+        if self.scale != "group" and self.estimator != "grpo":
+            raise ValueError(
+                f"scale: {self.scale} is an option of estimator grpo; estimator "
+                f"{self.estimator} has its own scaling (rloo: none, reinforce_pp: the batch "
+                "std); remove advantage.scale (or set advantage.estimator: grpo)"
+            )
+        if self.kl_in_reward_coeff > 0 and self.estimator != "reinforce_pp":
+            raise ValueError(
+                "kl_in_reward_coeff is REINFORCE++'s KL in the reward; set "
+                "advantage.estimator: reinforce_pp (or use loss.kl_to_ref_coeff, the KL as a "
+                "loss term)"
             )
         return self
 
@@ -214,6 +260,11 @@ class GRPOConfig(StageConfig):
     def _reference_needed(self) -> GRPOConfig:
         if self.loss.kl_to_ref_coeff > 0 and not self.reference:
             raise ValueError("loss.kl_to_ref_coeff > 0 needs `reference: true`")
+        if self.advantage.kl_in_reward_coeff > 0 and not self.reference:
+            raise ValueError(
+                "advantage.kl_in_reward_coeff > 0 needs the reference model's log-probs; set "
+                "`reference: true` (with topology.reference.placement: dedicated)"
+            )
         problems = self.model.training_problems()
         if problems:
             raise ValueError("\n".join(problems))
@@ -244,6 +295,17 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
         problems.append(
             "topology.reference.placement: `reference: true` needs a reference model; use "
             "'with_trainer' or 'dedicated' (or set reference: false)"
+        )
+    if (
+        config.advantage.kl_in_reward_coeff > 0
+        and config.reference
+        and topology.reference.placement != "dedicated"
+    ):
+        problems.append(
+            "advantage.kl_in_reward_coeff: REINFORCE++'s KL in the reward needs the reference "
+            "log-probs before the advantages, which only a dedicated reference scores (a "
+            f"'{topology.reference.placement}' reference scores in the trainer ranks, after "
+            "them); set topology.reference.placement: dedicated (or use loss.kl_to_ref_coeff)"
         )
     if config.lora.enabled and topology.trainer.strategy == "fsdp":
         problems.append(

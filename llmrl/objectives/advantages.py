@@ -1,4 +1,6 @@
-"""`MCAdvantage`: group-relative Monte-Carlo advantages (GRPO, Dr. GRPO).
+"""`MCAdvantage`: group-relative Monte-Carlo advantages (GRPO, Dr. GRPO), and
+`GroupAdvantage`, the base of every advantage estimator that works on sample groups
+(:mod:`llmrl.objectives.advantage_estimators`: RLOO, REINFORCE++).
 
 Each prompt is answered ``num_samples`` times; a response's advantage is its reward relative to
 the other responses of its group::
@@ -25,20 +27,40 @@ after any tool calls; earlier turns' rewards are not added, so replies that only
 earn nothing by themselves); and the trajectory's advantage is written on every one of its
 rows. ``std`` and ``mean`` are over the ``G`` trajectories, whatever their number of turns.
 Rows without a ``traj_id`` column are each a trajectory of one turn (the single-turn case).
+
+**Estimators.** :class:`GroupAdvantage` gathers the groups, drops the ones without signal
+(``drop_zero_std``: all final rewards of the group equal) and writes each trajectory's
+advantage on its rows; an estimator overrides :meth:`GroupAdvantage.advantages`, which maps the
+final rewards of every group completed by a call to their advantages (and, for a reward that
+depends on more than the task's score, :meth:`GroupAdvantage.returns`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from tensordict import TensorDictBase
 
-from llmrl.objectives.grouping import GroupBuffer, concat, rewards
+from llmrl.objectives.grouping import Episodes, GroupBuffer, concat, rewards
 
 SCALES: tuple[str, ...] = ("group", "batch", "none")
 
 
-class MCAdvantage:
-    """Writes ``advantage`` (``[N]`` float) on complete groups of ``num_samples`` trajectories.
+@dataclass(frozen=True)
+class CompletedGroup:
+    """A group :class:`GroupAdvantage` completed and kept: its rows, how they make its ``G``
+    trajectories, and their ``[G]`` final rewards."""
+
+    rows: TensorDictBase
+    episodes: Episodes
+    reward: torch.Tensor
+
+
+class GroupAdvantage:
+    """Writes ``advantage`` (``[N]`` float) on complete groups of ``num_samples`` trajectories;
+    subclasses say how (:meth:`advantages`).
 
     Rows are grouped by their explicit ``group_key`` id (never by prompt text), and within a
     group by ``trajectory_key`` (see the module docstring). Groups may arrive split across calls
@@ -51,28 +73,18 @@ class MCAdvantage:
 
     Args:
         num_samples: trajectories (responses) per group (G).
-        scale: ``group``, ``batch`` or ``none`` (see the module docstring).
-        eps: added to the std before dividing.
-        drop_zero_std: drop groups whose rewards are all equal (counted in
-            ``stats["dropped_zero_std_groups"]``); otherwise they get advantage 0.
+        drop_zero_std: drop groups whose final rewards are all equal (counted in
+            ``stats["dropped_zero_std_groups"]``).
         group_key, reward_key: where to read the group id and the reward (``[N]`` or ``[N, 1]``).
         max_pending_groups: bound on the incomplete groups kept in memory.
         advantage_key: where to write the advantage.
         trajectory_key, done_key: the trajectory id of each row and the flag of its last row
             (``[N]`` or ``[N, 1]``); ``trajectory_key=None``: every row is a trajectory.
-
-    Example:
-        >>> advantage = MCAdvantage(num_samples=4)
-        >>> batch = advantage(collector_batch)  # None until a group is complete
-        >>> batch["advantage"].shape
-        torch.Size([8])
     """
 
     def __init__(
         self,
         num_samples: int,
-        scale: str = "group",
-        eps: float = 1e-6,
         drop_zero_std: bool = False,
         group_key: str = "group_id",
         reward_key: str = "reward",
@@ -81,13 +93,7 @@ class MCAdvantage:
         trajectory_key: str | None = "traj_id",
         done_key: str = "done",
     ) -> None:
-        if scale not in SCALES:
-            raise ValueError(f"unknown scale {scale!r}; options: {list(SCALES)}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
         self.num_samples = num_samples
-        self.scale = scale
-        self.eps = eps
         self.drop_zero_std = drop_zero_std
         self.reward_key = reward_key
         self.advantage_key = advantage_key
@@ -110,22 +116,81 @@ class MCAdvantage:
     def __call__(self, td: TensorDictBase) -> TensorDictBase | None:
         """Buffer ``td`` (``[N]``) and return the completed groups with ``advantage`` set."""
         groups = []
-        for group in self._groups.add(td):
-            episodes = self._groups.episodes(group)
-            reward = rewards(group, self.reward_key)[episodes.last]  # [G]: final rewards
-            if self.drop_zero_std and _all_equal(reward):
+        for rows in self._groups.add(td):
+            episodes = self._groups.episodes(rows)
+            reward = rewards(rows, self.reward_key)[episodes.last]  # [G]: final rewards
+            if self.drop_zero_std and all_equal(reward):
                 self.stats["dropped_zero_std_groups"] += 1
                 continue
-            groups.append((group, reward, episodes.index))
+            groups.append(CompletedGroup(rows, episodes, reward))
         if not groups:
             return None
-        batch_std = torch.cat([reward for _, reward, _ in groups]).std(correction=0)
-        for group, reward, index in groups:
-            group.set(self.advantage_key, self._advantage(reward, batch_std)[index])
-        return concat([group for group, _, _ in groups], "the completed groups")
+        for group, advantage in zip(groups, self.advantages(self.returns(groups)), strict=True):
+            group.rows.set(self.advantage_key, advantage[group.episodes.index])
+        return concat([group.rows for group in groups], "the completed groups")
 
-    def _advantage(self, reward: torch.Tensor, batch_std: torch.Tensor) -> torch.Tensor:
-        if _all_equal(reward):
+    def returns(self, groups: list[CompletedGroup]) -> list[torch.Tensor]:
+        """Each group's ``[G]`` returns, what :meth:`advantages` reads: the final rewards
+        (override to add to the task's reward, e.g. a KL penalty)."""
+        return [group.reward for group in groups]
+
+    def advantages(self, returns: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The ``[G]`` advantages of each group completed by a call, from their ``[G]``
+        returns (every group of the call at once: an estimator may use the whole batch)."""
+        raise NotImplementedError
+
+    def _options(self) -> str:
+        """The estimator's own options, for ``repr``."""
+        return ""
+
+    def __repr__(self) -> str:
+        options = self._options()
+        return (
+            f"{type(self).__name__}(num_samples={self.num_samples}, {options}"
+            f"{', ' if options else ''}drop_zero_std={self.drop_zero_std}, "
+            f"pending_groups={self.pending_groups})"
+        )
+
+
+class MCAdvantage(GroupAdvantage):
+    """GRPO's group-normalised advantages (see the module docstring for ``scale``); a group
+    whose rewards are all equal gets exactly 0 (or is dropped with ``drop_zero_std``).
+
+    Args:
+        num_samples: trajectories (responses) per group (G).
+        scale: ``group``, ``batch`` or ``none`` (see the module docstring).
+        eps: added to the std before dividing.
+        drop_zero_std, **kwargs: see :class:`GroupAdvantage`.
+
+    Example:
+        >>> advantage = MCAdvantage(num_samples=4)
+        >>> batch = advantage(collector_batch)  # None until a group is complete
+        >>> batch["advantage"].shape
+        torch.Size([8])
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        scale: str = "group",
+        eps: float = 1e-6,
+        drop_zero_std: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if scale not in SCALES:
+            raise ValueError(f"unknown scale {scale!r}; options: {list(SCALES)}")
+        check_eps(eps)
+        super().__init__(num_samples, drop_zero_std, **kwargs)
+        self.scale = scale
+        self.eps = eps
+
+    def advantages(self, returns: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``(r - mean_g) / (std + eps)`` per group (``std``: ``scale``'s)."""
+        batch_std = torch.cat(returns).std(correction=0)
+        return [self._group_advantage(reward, batch_std) for reward in returns]
+
+    def _group_advantage(self, reward: torch.Tensor, batch_std: torch.Tensor) -> torch.Tensor:
+        if all_equal(reward):
             return torch.zeros_like(reward)
         centred = reward - reward.mean()
         if self.scale == "none":
@@ -133,13 +198,16 @@ class MCAdvantage:
         std = reward.std(correction=0) if self.scale == "group" else batch_std
         return centred / (std + self.eps)
 
-    def __repr__(self) -> str:
-        return (
-            f"MCAdvantage(num_samples={self.num_samples}, scale={self.scale!r}, "
-            f"drop_zero_std={self.drop_zero_std}, pending_groups={self.pending_groups})"
-        )
+    def _options(self) -> str:
+        return f"scale={self.scale!r}"
 
 
-def _all_equal(values: torch.Tensor) -> bool:
+def check_eps(eps: float) -> None:
+    """Reject a negative ``eps`` (the std's offset)."""
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+
+
+def all_equal(values: torch.Tensor) -> bool:
     """True when every value equals the first (exactly): a group with no reward signal."""
     return bool((values == values[0]).all())

@@ -6,8 +6,13 @@
 Per valid token ``t`` of sequence ``i`` (``A_i`` the sequence's advantage)::
 
     r      = exp(log_probs - old_log_probs)
-    loss_t = -w_t * min(r * A_i, clip(r, 1 - eps_low, 1 + eps_high) * A_i)
+    loss_t = w_t * pg_t,   pg_t = -min(r * A_i, clip(r, 1 - eps_low, 1 + eps_high) * A_i)
     w_t    = min(exp(old_log_probs - inference_log_probs), tis_cap)   (1 without tis_cap)
+
+``pg_t`` is the *policy-gradient term* (:mod:`llmrl.objectives.policy_gradient`), the one part
+the variants change: :class:`GRPOLoss` computes it in :meth:`GRPOLoss.policy_gradient`, which
+:class:`~llmrl.objectives.GSPOLoss` (sequence-level ratio) and
+:class:`~llmrl.objectives.CISPOLoss` (clipped, detached importance weight) override.
 
 plus ``kl_to_ref_coeff * k3(ref - current)``, ``kl_to_inference_coeff * k3(inference - current)``
 and ``-entropy_coeff * entropy``, each aggregated with the same mask and mode. Diagnostics are
@@ -15,9 +20,10 @@ detached means over the valid tokens only (0 when there are none):
 
 - ``clip_fraction``: tokens whose clipped branch is the one taken and has no gradient:
   ``A > 0 and r > 1 + eps_high``, or ``A < 0 and r < 1 - eps_low`` (``A == 0`` never counts);
+  for a variant, the tokens its term marks ``clipped`` (see its docstring);
 - ``kl_approx``: k3 estimate of ``KL(old || current)`` on the sampled tokens,
   ``mean((r - 1) - log r)`` (CleanRL's ``approx_kl``; exactly 0 when nothing changed);
-- ``ESS``: normalised effective sample size of the ratios, ``(sum r)^2 / (n * sum r^2)``;
+- ``ESS``: normalised effective sample size of the token ratios, ``(sum r)^2 / (n * sum r^2)``;
 - ``entropy``: mean token entropy (only when ``entropy`` is given);
 - ``kl_to_ref``: mean ``k3(ref - current)`` (only when ``ref_log_probs`` are given).
 """
@@ -31,6 +37,7 @@ from tensordict import TensorClass, TensorDictBase
 from torch import nn
 
 from llmrl.data import LogProbs, unpad_sequences
+from llmrl.objectives.policy_gradient import PolicyGradient, PolicyGradientTerm, clipped_token_term
 from llmrl.objectives.token_level import (
     aggregate,
     aggregation_normalizer,
@@ -117,6 +124,7 @@ def grpo_objective(
     kl_to_inference_coeff: float = 0.0,
     entropy_coeff: float = 0.0,
     tis_cap: float | None = None,
+    policy_gradient: PolicyGradient = clipped_token_term,
 ) -> GRPOLossOutput:
     """The GRPO loss of ``[N, L]`` token tensors (see the module docstring for the formulas).
 
@@ -131,6 +139,9 @@ def grpo_objective(
         ref_log_probs, entropy: needed for the KL-to-ref and entropy terms.
         tis_cap: truncated importance sampling: multiply each token's objective by the detached
             ``min(exp(old - inference), tis_cap)``. Off (``None``) by default.
+        policy_gradient: the per-token policy-gradient term, called with the ``clip_epsilon``
+            bounds (:mod:`llmrl.objectives.policy_gradient`); GRPO's clipped surrogate by
+            default, ``gspo_term`` or ``cispo_term`` for the variants.
 
     Example:
         >>> out = grpo_objective(lp, old_lp, torch.tensor([1.0, -1.0]), mask)
@@ -166,12 +177,10 @@ def grpo_objective(
     inference = old if inference_log_probs is None else valid(inference_log_probs.detach())
     adv = advantage.detach().unsqueeze(1).to(current.dtype)
 
-    log_ratio = current - old
-    ratio = log_ratio.exp()
-    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
-    surrogate = torch.minimum(ratio * adv, clipped * adv)
+    term = policy_gradient(current, old, adv, mask, (eps_low, eps_high))
+    objective = term.loss
     if tis_cap is not None:
-        surrogate = surrogate * (old - inference).exp().clamp(max=tis_cap)
+        objective = objective * (old - inference).exp().clamp(max=tis_cap)
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         return aggregate(per_token, mask, aggregation, max_length_norm)
@@ -183,19 +192,20 @@ def grpo_objective(
     ent = valid(entropy) if entropy is not None else None
 
     with torch.no_grad():
-        clip_active = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))
+        log_ratio = current - old
+        ratio = log_ratio.exp()
         weights = torch.where(mask, ratio, torch.zeros_like(ratio))
         count = mask.sum()
         ess = weights.sum() ** 2 / (count * (weights**2).sum()).clamp(min=torch.finfo().tiny)
         diagnostics = {
-            "clip_fraction": masked_mean(clip_active.to(current.dtype), mask),
+            "clip_fraction": masked_mean(term.clipped.to(current.dtype), mask),
             "kl_approx": masked_mean(k3(log_ratio), mask),
             "ESS": ess if count > 0 else ess.new_zeros(()),
             "entropy": masked_mean(ent, mask) if ent is not None else None,
             "kl_to_ref": masked_mean(kl_ref_tokens, mask) if kl_ref_tokens is not None else None,
         }
     return GRPOLossOutput(
-        loss_objective=reduce(-surrogate),
+        loss_objective=reduce(objective),
         loss_entropy=-entropy_coeff * reduce(ent) if entropy_coeff > 0 else zero,
         loss_kl_to_ref=kl_to_ref_coeff * reduce(kl_ref_tokens) if kl_to_ref_coeff > 0 else zero,
         loss_kl_to_inference=(
@@ -248,6 +258,10 @@ class GRPOLoss(nn.Module):
     ever clipped: :class:`~llmrl.train.grpo_trainer.GRPOTrainer` then writes
     :meth:`anchor_log_probs` into each minibatch before the first update and sets
     ``old_log_probs_key``.
+
+    Variants subclass it and override the one method :meth:`policy_gradient` (the per-token
+    policy-gradient term): :class:`~llmrl.objectives.GSPOLoss`,
+    :class:`~llmrl.objectives.CISPOLoss`.
 
     Args:
         actor: the policy being trained (a sampling policy is fine: a scoring twin is made).
@@ -376,7 +390,21 @@ class GRPOLoss(nn.Module):
             kl_to_inference_coeff=self.kl_to_inference_coeff,
             entropy_coeff=self.entropy_coeff,
             tis_cap=self.tis_cap,
+            policy_gradient=self.policy_gradient,
         )
+
+    def policy_gradient(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantage: torch.Tensor,
+        mask: torch.Tensor,
+        clip: tuple[float, float],
+    ) -> PolicyGradientTerm:
+        """Each token's policy-gradient loss, the one method a variant overrides (signature:
+        :class:`~llmrl.objectives.policy_gradient.PolicyGradient`). GRPO: PPO's clipped
+        surrogate (:func:`~llmrl.objectives.policy_gradient.clipped_token_term`)."""
+        return clipped_token_term(log_probs, old_log_probs, advantage, mask, clip)
 
     @torch.no_grad()
     def anchor_log_probs(self, td: TensorDictBase) -> LogProbs:

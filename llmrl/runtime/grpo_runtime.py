@@ -46,7 +46,7 @@ from llmrl.collectors import AsyncRollouts, DynamicSampler, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
 from llmrl.config.loading import ConfigError
 from llmrl.data.prepare import load_prepared
-from llmrl.objectives import MCAdvantage
+from llmrl.objectives import build_advantage
 from llmrl.runtime.engines import inference_actor_options, start_engines
 from llmrl.runtime.env_workers import TaskEnvFactory
 from llmrl.runtime.trainer_group import TrainerGroup
@@ -211,11 +211,7 @@ class GRPORuntime:
                 load_options=config.model.load_options,
             )
             self._parts.append(lambda: _kill([self.reference]))
-        self.advantage = MCAdvantage(
-            config.num_samples,
-            scale=config.advantage.scale,
-            drop_zero_std=config.advantage.drop_zero_std,
-        )
+        self.advantage = build_advantage(config, reference=self._reference_scorer())
         self.sampler = DynamicSampler(
             self.advantage, config.prompts_per_step, config.advantage.resample_rounds
         )
@@ -233,6 +229,20 @@ class GRPORuntime:
             self.collector.weight_updater.push(version=self.policy_version)
         self._iterator = iter(self.rollouts)
         logger.info("GRPO runtime up in %.1f s: %s", time.perf_counter() - tick, describe(topology))
+
+    def _reference_scorer(self) -> Any:
+        """REINFORCE++'s KL in the reward scores the batches with the dedicated reference
+        before their advantages (``advantage.kl_in_reward_coeff``); None otherwise."""
+        reference = self.reference
+        if reference is None or self.config.advantage.kl_in_reward_coeff == 0:
+            return None
+
+        def score(batch: TensorDictBase) -> TensorDictBase:
+            import ray
+
+            return ray.get(reference.score.remote(batch))
+
+        return score
 
     @property
     def policy_version(self) -> int:

@@ -52,7 +52,7 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl.config.grpo import GRPOConfig
-from llmrl.objectives import GRPOLoss
+from llmrl.objectives import build_grpo_loss
 from llmrl.policies import TransformersWrapper
 from llmrl.train import distributed
 from llmrl.train.faults import fault_point
@@ -106,19 +106,7 @@ class GRPOTrainer:
             pad_output=True,
             log_prob_chunk_size=config.model.log_prob_chunk_size,
         )
-        self.loss_fn = GRPOLoss(
-            actor,
-            clip_epsilon=config.loss.clip_epsilon,
-            kl_to_ref_coeff=config.loss.kl_to_ref_coeff,
-            kl_to_inference_coeff=config.loss.kl_to_inference_coeff,
-            entropy_coeff=config.loss.entropy_coeff,
-            aggregation=config.loss.aggregation,
-            max_length_norm=(
-                config.generation.max_new_tokens if config.loss.aggregation == "sum_norm" else None
-            ),
-            masking_strategy=config.loss.masking_strategy,
-            tis_cap=config.loss.tis_cap,
-        )
+        self.loss_fn = build_grpo_loss(actor, config)  # loss.variant's class
         self.optimizer, self.scheduler = build_optimizer(model, config.optimizer, total_steps)
 
     def train(

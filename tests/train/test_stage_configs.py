@@ -206,3 +206,169 @@ def test_config_error_is_a_value_error_with_problems():
 def test_relative_paths_stay_as_given():
     config = load_config(SFTConfig, None, ["data.path=data/prepared/x"])
     assert Path(config.data.path) == Path("data/prepared/x")
+
+
+# ------------------------------------------------ loss variants and advantage estimators
+def test_loss_variant_and_advantage_estimator_are_chosen_in_the_config():
+    default = load_config(GRPOConfig, None, ["data.path=x"])
+    assert default.loss.variant == "grpo" and default.advantage.estimator == "grpo"
+    assert default.advantage.kl_in_reward_coeff == 0.0
+    config = load_config(
+        GRPOConfig,
+        None,
+        [
+            "data.path=x",
+            "loss.variant=gspo",
+            "loss.clip_epsilon=[3.0e-4, 4.0e-4]",
+            "advantage.estimator=reinforce_pp",
+            "advantage.kl_in_reward_coeff=0.01",
+            "reference=true",
+        ],
+    )
+    assert config.loss.variant == "gspo" and config.advantage.kl_in_reward_coeff == 0.01
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["loss.variant=ppo"], "loss.variant: Input should be 'grpo', 'gspo' or 'cispo'"),
+        (
+            ["advantage.estimator=grpo_pp"],
+            "advantage.estimator: Input should be 'grpo', 'rloo' or 'reinforce_pp'",
+        ),
+        (
+            ["advantage.estimator=rloo", "advantage.scale=none"],
+            "advantage: scale: none is an option of estimator grpo; estimator rloo has its own "
+            "scaling",
+        ),
+        (
+            ["advantage.kl_in_reward_coeff=0.1", "reference=true"],
+            "advantage: kl_in_reward_coeff is REINFORCE++'s KL in the reward; set "
+            "advantage.estimator: reinforce_pp",
+        ),
+        (
+            ["advantage.estimator=reinforce_pp", "advantage.kl_in_reward_coeff=0.1"],
+            "advantage.kl_in_reward_coeff > 0 needs the reference model's log-probs; set "
+            "`reference: true`",
+        ),
+        (["advantage.kl_in_reward_coeff=-1"], "advantage.kl_in_reward_coeff: Input should be "),
+        (
+            ["advantage.estimator=rloo", "num_samples=1"],
+            "--set num_samples=1: num_samples: Input should be greater than or equal to 2",
+        ),
+    ],
+)
+def test_variant_and_estimator_errors_name_the_field(capsys, overrides, message):
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    err = _fails(capsys, "grpo", "--set", "data.path=x", *sets)
+    assert message in err
+
+
+def test_kl_in_reward_needs_a_dedicated_reference():
+    from llmrl.config.grpo import topology_problems
+    from llmrl.topology import Topology
+    from llmrl.topology.spec import ReferenceSpec
+
+    config = load_config(
+        GRPOConfig,
+        None,
+        [
+            "data.path=x",
+            "advantage.estimator=reinforce_pp",
+            "advantage.kl_in_reward_coeff=0.1",
+            "reference=true",
+        ],
+    )
+    local = Topology.local_default()  # the reference scores in the trainer ranks
+    problems = topology_problems(config, local)
+    assert any(
+        p.startswith("advantage.kl_in_reward_coeff: REINFORCE++'s KL in the reward needs")
+        and "set topology.reference.placement: dedicated" in p
+        for p in problems
+    ), problems
+    dedicated = local.model_copy(update={"reference": ReferenceSpec(placement="dedicated", gpus=1)})
+    assert not any(p.startswith("advantage.") for p in topology_problems(config, dedicated))
+
+
+def test_dr_grpo_settings_build_unscaled_group_advantages():
+    from llmrl.objectives import MCAdvantage, build_advantage
+
+    config = load_config(
+        GRPOConfig,
+        None,
+        ["data.path=x", "loss.aggregation=sum_norm", "advantage.scale=none"],
+    )
+    advantage = build_advantage(config)
+    assert type(advantage) is MCAdvantage and advantage.scale == "none"
+
+
+def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
+    """The trainer ranks (``GRPOTrainer``) build ``loss.variant``'s class; the runtime, the
+    in-process composition and the GPU benchmark build ``advantage.estimator``'s with
+    ``build_advantage``."""
+    import sys
+
+    from llmrl.models import load_model, load_tokenizer
+    from llmrl.objectives import (
+        CISPOLoss,
+        GRPOLoss,
+        MCAdvantage,
+        RLOOAdvantage,
+        build_advantage,
+    )
+    from llmrl.runtime import grpo_runtime
+    from llmrl.train.grpo_trainer import GRPOTrainer
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import inprocess
+
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+
+    def built(*overrides: str):
+        config = load_config(
+            GRPOConfig, None, ["data.path=x", f"model.name={tiny_model_dir}", *overrides]
+        )
+        return GRPOTrainer(config, model, tokenizer, total_steps=1).loss_fn, build_advantage(config)
+
+    loss, advantage = built("loss.variant=cispo", "advantage.estimator=rloo")
+    assert type(loss) is CISPOLoss and type(advantage) is RLOOAdvantage
+    assert loss.clip_epsilon == (0.2, 0.2) and advantage.num_samples == 4
+    loss, advantage = built(
+        "loss.aggregation=sum_norm", "generation.max_new_tokens=48", "advantage.scale=none"
+    )
+    assert type(loss) is GRPOLoss and loss.max_length_norm == 48  # Dr. GRPO's constant
+    # the defaults: GRPO exactly as before
+    loss, advantage = built()
+    assert type(loss) is GRPOLoss and type(advantage) is MCAdvantage
+    assert (loss.aggregation, loss.max_length_norm, loss.tis_cap) == ("token_mean", None, None)
+    assert (advantage.scale, advantage.eps, advantage.drop_zero_std) == ("group", 1e-6, False)
+    assert grpo_runtime.build_advantage is build_advantage
+    assert inprocess.build_advantage is build_advantage
+
+
+def test_runtime_passes_the_dedicated_reference_to_reinforce_pp(monkeypatch):
+    """With ``advantage.kl_in_reward_coeff > 0`` the runtime hands ``build_advantage`` a scorer
+    that calls the dedicated reference actor; otherwise none."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from llmrl.runtime.grpo_runtime import GRPORuntime
+
+    monkeypatch.setattr(ray, "get", lambda ref: ref)  # the fake actor's "remote" returns values
+    actor = SimpleNamespace(score=SimpleNamespace(remote=lambda batch: ("scored", batch)))
+    kl = load_config(
+        GRPOConfig,
+        None,
+        [
+            "data.path=x",
+            "advantage.estimator=reinforce_pp",
+            "advantage.kl_in_reward_coeff=0.1",
+            "reference=true",
+        ],
+    )
+    score = GRPORuntime._reference_scorer(SimpleNamespace(reference=actor, config=kl))
+    assert score("batch") == ("scored", "batch")
+    plain = load_config(GRPOConfig, None, ["data.path=x", "reference=true"])
+    assert GRPORuntime._reference_scorer(SimpleNamespace(reference=actor, config=plain)) is None
+    assert GRPORuntime._reference_scorer(SimpleNamespace(reference=None, config=kl)) is None
