@@ -35,10 +35,12 @@ Metrics of each :meth:`DynamicSampler.sample` (:attr:`SampledStep.metrics`):
 - ``trained_groups``: groups in the trained batch; ``surplus_groups``: informative groups
   collected beyond ``groups`` and not trained on.
 
-A group has signal when some row's advantage is not 0: ``MCAdvantage`` gives a group whose
-rewards are all equal exactly 0, and any other group a non-zero advantage somewhere. Groups are
-told apart by their ``group_id`` (``MCAdvantage`` returns each group's rows together), so a
-group may hold any number of rows (multi-turn episodes: one row per turn).
+A group has signal when some row's advantage is not 0: the group estimators (``MCAdvantage``,
+``RLOOAdvantage``) give a group whose rewards are all equal exactly 0; REINFORCE++'s batch
+baseline does not, so with ``drop_zero_std`` every estimator drops the groups whose rewards are
+all equal (:class:`~llmrl.objectives.GroupAdvantage`). Groups are told apart by their
+``group_id`` (the estimators return each group's rows together), so a group may hold any number
+of rows (multi-turn episodes: one row per turn).
 
 Example:
     >>> sampler = DynamicSampler(MCAdvantage(4, drop_zero_std=True), groups=8,
@@ -60,7 +62,7 @@ from tensordict import TensorDictBase
 from llmrl.objectives.grouping import concat, group_slices
 
 if TYPE_CHECKING:
-    from llmrl.objectives import MCAdvantage
+    from llmrl.objectives import GroupAdvantage
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +85,14 @@ class DynamicSampler:
     """Collects rounds until ``groups`` informative groups are found (see the module docstring).
 
     Args:
-        advantage: the step's :class:`~llmrl.objectives.MCAdvantage`; with ``drop_zero_std``
-            the sampler resamples, without it a step is one round.
+        advantage: the step's advantage estimator (a
+            :class:`~llmrl.objectives.GroupAdvantage`); with ``drop_zero_std`` the sampler
+            resamples, without it a step is one round.
         groups: informative groups a step trains on (``prompts_per_step``).
         max_resample_rounds: extra rounds a step may collect (``advantage.max_resample_rounds``).
     """
 
-    def __init__(self, advantage: MCAdvantage, groups: int, max_resample_rounds: int) -> None:
+    def __init__(self, advantage: GroupAdvantage, groups: int, max_resample_rounds: int) -> None:
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         if max_resample_rounds < 0:

@@ -22,6 +22,38 @@ TOPOLOGY_ENV = "LLMRL_TOPOLOGY"
 read when the config names no ``topology``."""
 
 
+class MismatchSettings(ConfigModel):
+    """Train/inference mismatch correction (:mod:`llmrl.objectives.mismatch`): importance
+    weights between the sampler's log-probs and the trainer's, per token or per sequence,
+    truncated or masked."""
+
+    level: Literal["token", "sequence"] = Field(
+        "token",
+        description="token: one weight per token; sequence: the product of the sequence's "
+        "token ratios, one weight for all its tokens",
+    )
+    mode: Literal["truncate", "mask"] = Field(
+        "truncate",
+        description="truncate: cap the weight at threshold; mask: drop (weight 0) the tokens or "
+        "sequences whose ratio lies outside [1/threshold, threshold]",
+    )
+    threshold: float = Field(
+        2.0,
+        gt=0,
+        le=1e6,
+        description="the cap (truncate) or the band's edge (mask, must be > 1)",
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> MismatchSettings:
+        if self.mode == "mask" and self.threshold <= 1:
+            raise ValueError(
+                f"threshold: mode 'mask' keeps ratios in [1/threshold, threshold], so threshold "
+                f"must be > 1 (got {self.threshold}); e.g. 2.0"
+            )
+        return self
+
+
 class GRPOLossSettings(ConfigModel):
     """Options of :class:`llmrl.objectives.GRPOLoss` and its variants (``docs/algorithms.md``)."""
 
@@ -55,8 +87,23 @@ class GRPOLossSettings(ConfigModel):
         None,
         gt=0,
         description="truncated importance sampling cap (None: off); the PPO ratio is anchored "
-        "on each batch's log-probs before its first update",
+        "on each batch's log-probs before its first update. The same as mismatch: {level: "
+        "token, mode: truncate, threshold: tis_cap}",
     )
+    mismatch: MismatchSettings | None = Field(
+        None,
+        description="train/inference mismatch correction (null: off); its share of truncated "
+        "or dropped tokens/sequences is logged as mismatch_fraction",
+    )
+
+    @model_validator(mode="after")
+    def _one_correction(self) -> GRPOLossSettings:
+        if self.tis_cap is not None and self.mismatch is not None:
+            raise ValueError(
+                "mismatch: tis_cap is already set; tis_cap is mismatch {level: token, mode: "
+                "truncate}: set one of them"
+            )
+        return self
 
 
 DEFAULT_MAX_RESAMPLE_ROUNDS = 3

@@ -19,6 +19,7 @@ from llmrl.objectives.advantages import GroupAdvantage, MCAdvantage
 from llmrl.objectives.cispo import CISPOLoss
 from llmrl.objectives.grpo import GRPOLoss
 from llmrl.objectives.gspo import GSPOLoss
+from llmrl.objectives.mismatch import MismatchCorrection
 
 if TYPE_CHECKING:
     from llmrl.config.grpo import GRPOConfig
@@ -55,6 +56,11 @@ def build_grpo_loss(actor: LLMWrapperBase, config: GRPOConfig) -> GRPOLoss:
         ),
         masking_strategy=settings.masking_strategy,
         tis_cap=settings.tis_cap,
+        mismatch=(
+            MismatchCorrection(**settings.mismatch.model_dump())
+            if settings.mismatch is not None
+            else None
+        ),
     )
 
 

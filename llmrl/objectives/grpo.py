@@ -37,6 +37,7 @@ from tensordict import TensorClass, TensorDictBase
 from torch import nn
 
 from llmrl.data import LogProbs, unpad_sequences
+from llmrl.objectives.mismatch import MismatchCorrection
 from llmrl.objectives.policy_gradient import PolicyGradient, PolicyGradientTerm, clipped_token_term
 from llmrl.objectives.token_level import (
     aggregate,
@@ -76,6 +77,8 @@ class GRPOLossOutput(TensorClass["nocast"]):
     ESS: torch.Tensor
     entropy: torch.Tensor | None = None
     kl_to_ref: torch.Tensor | None = None
+    mismatch_fraction: torch.Tensor | None = None
+    """Share of tokens (or sequences) the mismatch correction truncated or dropped."""
     normalizer: torch.Tensor | None = None
     """What the aggregation divided by (valid tokens, or sequences): trainer ranks weight their
     means by it to get the whole batch's (see :mod:`llmrl.train.grpo_trainer`)."""
@@ -125,6 +128,7 @@ def grpo_objective(
     entropy_coeff: float = 0.0,
     tis_cap: float | None = None,
     policy_gradient: PolicyGradient = clipped_token_term,
+    mismatch: MismatchCorrection | None = None,
 ) -> GRPOLossOutput:
     """The GRPO loss of ``[N, L]`` token tensors (see the module docstring for the formulas).
 
@@ -138,7 +142,11 @@ def grpo_objective(
             importance sampling; default ``old_log_probs``.
         ref_log_probs, entropy: needed for the KL-to-ref and entropy terms.
         tis_cap: truncated importance sampling: multiply each token's objective by the detached
-            ``min(exp(old - inference), tis_cap)``. Off (``None``) by default.
+            ``min(exp(old - inference), tis_cap)``; the same as
+            ``mismatch=MismatchCorrection("token", "truncate", tis_cap)``. Off by default.
+        mismatch: a train/inference mismatch correction (:mod:`llmrl.objectives.mismatch`):
+            token or sequence importance weights, truncated or masked; its
+            ``mismatch_fraction`` is reported. Not with ``tis_cap``.
         policy_gradient: the per-token policy-gradient term, called with the ``clip_epsilon``
             bounds (:mod:`llmrl.objectives.policy_gradient`); GRPO's clipped surrogate by
             default, ``gspo_term`` or ``cispo_term`` for the variants.
@@ -156,6 +164,10 @@ def grpo_objective(
     )
     if tis_cap is not None and tis_cap <= 0:
         raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
+    if tis_cap is not None:
+        if mismatch is not None:
+            raise ValueError("tis_cap and mismatch both set: tis_cap is the token/truncate case")
+        mismatch = MismatchCorrection("token", "truncate", tis_cap)
     if kl_to_ref_coeff > 0 and ref_log_probs is None:
         raise ValueError("kl_to_ref_coeff > 0 needs ref_log_probs")
     if entropy_coeff > 0 and entropy is None:
@@ -179,8 +191,10 @@ def grpo_objective(
 
     term = policy_gradient(current, old, adv, mask, (eps_low, eps_high))
     objective = term.loss
-    if tis_cap is not None:
-        objective = objective * (old - inference).exp().clamp(max=tis_cap)
+    corrected = None
+    if mismatch is not None:
+        corrected = mismatch.weights(old, inference, mask)
+        objective = objective * corrected.weight
 
     def reduce(per_token: torch.Tensor) -> torch.Tensor:
         return aggregate(per_token, mask, aggregation, max_length_norm)
@@ -203,6 +217,7 @@ def grpo_objective(
             "ESS": ess if count > 0 else ess.new_zeros(()),
             "entropy": masked_mean(ent, mask) if ent is not None else None,
             "kl_to_ref": masked_mean(kl_ref_tokens, mask) if kl_ref_tokens is not None else None,
+            "mismatch_fraction": corrected.fraction if corrected is not None else None,
         }
     return GRPOLossOutput(
         loss_objective=reduce(objective),
@@ -271,6 +286,8 @@ class GRPOLoss(nn.Module):
             ``max_length_norm``) or ``none`` (per-token ``[N, L]``).
         masking_strategy: ``sft``, ``rlhf`` or ``generic``.
         tis_cap: truncated importance sampling cap; off by default.
+        mismatch: a train/inference mismatch correction (token or sequence level, truncate or
+            mask; :mod:`llmrl.objectives.mismatch`); off by default. Not with ``tis_cap``.
         advantage_key, ref_log_probs_key, old_log_probs_key: where to read those entries.
 
     Example:
@@ -290,6 +307,7 @@ class GRPOLoss(nn.Module):
         max_length_norm: float | None = None,
         masking_strategy: str = "sft",
         tis_cap: float | None = None,
+        mismatch: MismatchCorrection | None = None,
         advantage_key: str = "advantage",
         ref_log_probs_key: str = "ref_log_probs",
         old_log_probs_key: str | None = None,
@@ -314,7 +332,10 @@ class GRPOLoss(nn.Module):
         self.aggregation = aggregation
         self.max_length_norm = max_length_norm
         self.masking_strategy = masking_strategy
+        if tis_cap is not None and mismatch is not None:
+            raise ValueError("tis_cap and mismatch both set: tis_cap is the token/truncate case")
         self.tis_cap = tis_cap
+        self.mismatch = mismatch
         self.advantage_key = advantage_key
         self.ref_log_probs_key = ref_log_probs_key
         self.old_log_probs_key = old_log_probs_key
@@ -362,7 +383,7 @@ class GRPOLoss(nn.Module):
                 td.get(self.old_log_probs_key), in_masks, masks, self.old_log_probs_key
             )
             mask = mask & anchor_known
-        elif self.tis_cap is not None:
+        elif self.tis_cap is not None or self.mismatch is not None:
             anchor = current.detach()
         # trained positions the sampler has no log-probs for (earlier assistant turns of a
         # multi-turn prompt): the anchor there is the current log-probs unless given, and it
@@ -391,6 +412,7 @@ class GRPOLoss(nn.Module):
             entropy_coeff=self.entropy_coeff,
             tis_cap=self.tis_cap,
             policy_gradient=self.policy_gradient,
+            mismatch=self.mismatch,
         )
 
     def policy_gradient(
@@ -454,5 +476,6 @@ class GRPOLoss(nn.Module):
             f"clip_epsilon={self.clip_epsilon}, aggregation={self.aggregation!r}, "
             f"masking_strategy={self.masking_strategy!r}, kl_to_ref_coeff={self.kl_to_ref_coeff}, "
             f"kl_to_inference_coeff={self.kl_to_inference_coeff}, "
-            f"entropy_coeff={self.entropy_coeff}, tis_cap={self.tis_cap}"
+            f"entropy_coeff={self.entropy_coeff}, tis_cap={self.tis_cap}, "
+            f"mismatch={self.mismatch}"
         )

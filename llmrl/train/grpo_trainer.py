@@ -72,6 +72,7 @@ LOSS_METRICS = (
     "ESS",
     "entropy",
     "kl_to_ref",
+    "mismatch_fraction",
 )
 """Loss terms and diagnostics reported per step (normalizer-weighted means over the ranks)."""
 ANCHOR_KEY = "anchor_log_probs"
