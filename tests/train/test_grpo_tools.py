@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from llmrl.config.grpo import GRPOConfig
 from llmrl.models import tiny_model
 from llmrl.objectives import MCAdvantage
+from llmrl.objectives.from_config import ADVANTAGE_ESTIMATORS
 from llmrl.train.grpo import run_grpo
 from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
 from tests.train.conftest import metric_values, run_id_of, stage_config
@@ -140,7 +141,8 @@ def _ray(local_ray):  # noqa: F811
 
 
 class RecordingAdvantage(MCAdvantage):
-    """The runtime's MCAdvantage, keeping what it hands to the trainers."""
+    """The runtime's estimator (``advantage.estimator: grpo``), keeping what it hands to the
+    trainers."""
 
     outputs: ClassVar[list] = []
 
@@ -207,7 +209,7 @@ def assert_learned(result, model_dir: Path, mlflow_uri: str) -> None:
 def test_grpo_trains_multi_turn_python_tool_episodes(
     arithmetic_data, tool_model_dir, mlflow_uri, monkeypatch
 ):
-    monkeypatch.setattr("llmrl.runtime.grpo_runtime.MCAdvantage", RecordingAdvantage)
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "grpo", RecordingAdvantage)
     monkeypatch.setattr(RecordingAdvantage, "outputs", [])
     result = run_tool_stage(
         arithmetic_data,
@@ -256,7 +258,7 @@ def _gone(pid: int, within_s: float) -> bool:
 def test_grpo_trains_multi_turn_mcp_tool_episodes(
     arithmetic_data, mcp_model_dir, mlflow_uri, monkeypatch, tmp_path
 ):
-    monkeypatch.setattr("llmrl.runtime.grpo_runtime.MCAdvantage", RecordingAdvantage)
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "grpo", RecordingAdvantage)
     monkeypatch.setattr(RecordingAdvantage, "outputs", [])
     script = tmp_path / "numbers_server.py"
     script.write_text(MCP_SERVER)
