@@ -37,6 +37,7 @@ depends on more than the task's score, :meth:`GroupAdvantage.returns`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ class CompletedGroup:
     reward: torch.Tensor
 
 
-class GroupAdvantage:
+class GroupAdvantage(ABC):
     """Writes ``advantage`` (``[N]`` float) on complete groups of ``num_samples`` trajectories;
     subclasses say how (:meth:`advantages`).
 
@@ -134,10 +135,12 @@ class GroupAdvantage:
         (override to add to the task's reward, e.g. a KL penalty)."""
         return [group.reward for group in groups]
 
+    @abstractmethod
     def advantages(self, returns: list[torch.Tensor]) -> list[torch.Tensor]:
         """The ``[G]`` advantages of each group completed by a call, from their ``[G]``
-        returns (every group of the call at once: an estimator may use the whole batch)."""
-        raise NotImplementedError
+        returns (every group of the call at once: an estimator may use the whole batch).
+        Each estimator (``MCAdvantage``, ``RLOOAdvantage``, ``ReinforcePlusPlusAdvantage``)
+        implements it."""
 
     def _options(self) -> str:
         """The estimator's own options, for ``repr``."""

@@ -53,13 +53,5 @@ class CISPOLoss(GRPOLoss):
         >>> loss(batch).loss.backward()
     """
 
-    def policy_gradient(
-        self,
-        log_probs: torch.Tensor,
-        old_log_probs: torch.Tensor,
-        advantage: torch.Tensor,
-        mask: torch.Tensor,
-        clip: tuple[float, float],
-    ) -> PolicyGradientTerm:
-        """CISPO's per-token loss (:func:`cispo_term`)."""
-        return cispo_term(log_probs, old_log_probs, advantage, mask, clip)
+    policy_gradient = staticmethod(cispo_term)
+    """CISPO's per-token loss (:func:`cispo_term`), in place of GRPO's clipped token ratio."""

@@ -424,7 +424,7 @@ class GRPOLoss(nn.Module):
         clip: tuple[float, float],
     ) -> PolicyGradientTerm:
         """Each token's policy-gradient loss, the one method a variant overrides (signature:
-        :class:`~llmrl.objectives.policy_gradient.PolicyGradient`). GRPO: PPO's clipped
+        :data:`~llmrl.objectives.policy_gradient.PolicyGradient`). GRPO: PPO's clipped
         surrogate (:func:`~llmrl.objectives.policy_gradient.clipped_token_term`)."""
         return clipped_token_term(log_probs, old_log_probs, advantage, mask, clip)
 

@@ -69,13 +69,5 @@ class GSPOLoss(GRPOLoss):
         >>> loss(batch).loss.backward()
     """
 
-    def policy_gradient(
-        self,
-        log_probs: torch.Tensor,
-        old_log_probs: torch.Tensor,
-        advantage: torch.Tensor,
-        mask: torch.Tensor,
-        clip: tuple[float, float],
-    ) -> PolicyGradientTerm:
-        """GSPO-token's per-token loss (:func:`gspo_term`)."""
-        return gspo_term(log_probs, old_log_probs, advantage, mask, clip)
+    policy_gradient = staticmethod(gspo_term)
+    """GSPO-token's per-token loss (:func:`gspo_term`), in place of GRPO's clipped token ratio."""

@@ -13,8 +13,8 @@ Every term takes ``[N, L]`` tensors whose invalid positions (``~mask``) hold 0 a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -34,22 +34,15 @@ class PolicyGradientTerm:
     clipped: torch.Tensor
 
 
-class PolicyGradient(Protocol):
-    """The signature of a policy-gradient term (and of ``GRPOLoss.policy_gradient``)."""
-
-    def __call__(
-        self,
-        log_probs: torch.Tensor,
-        old_log_probs: torch.Tensor,
-        advantage: torch.Tensor,
-        mask: torch.Tensor,
-        clip: tuple[float, float],
-    ) -> PolicyGradientTerm:
-        """Each token's loss from ``log_probs`` (``[N, L]``, current, with gradients),
-        ``old_log_probs`` (``[N, L]``, the ratio's anchor, detached), ``advantage`` (``[N, 1]``,
-        detached), ``mask`` (``[N, L]`` bool, the trained tokens) and ``clip``
-        (``(eps_low, eps_high)``)."""
-        ...
+PolicyGradient = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[float, float]],
+    PolicyGradientTerm,
+]
+"""The signature of a policy-gradient term (and of ``GRPOLoss.policy_gradient``):
+``(log_probs, old_log_probs, advantage, mask, clip) -> PolicyGradientTerm`` with
+``log_probs`` ``[N, L]`` (current, with gradients), ``old_log_probs`` ``[N, L]`` (the ratio's
+anchor, detached), ``advantage`` ``[N, 1]`` (detached), ``mask`` ``[N, L]`` bool (the trained
+tokens) and ``clip`` ``(eps_low, eps_high)``."""
 
 
 def clipped_token_term(
