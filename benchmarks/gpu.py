@@ -203,9 +203,12 @@ def measure_decode(model_dir: Path, device: str, sizes: dict) -> dict[str, Any]:
     input_ids, mask = pad_sequences(ids.as_list("input_ids"), "left", tokenizer.pad_token_id)
     input_ids, mask = input_ids.to(device), mask.long().to(device)
 
+    versions: list[Any] = []  # each call's policy version: the first one holds compile_seconds
+
     def llmrl_run(seed: int) -> int:
         kwargs = {"max_new_tokens": new_tokens, "seed": seed}
-        out = policy.get_new_version(generate_kwargs=kwargs)(batch)
+        versions.append(policy.get_new_version(generate_kwargs=kwargs))
+        out = versions[-1](batch)
         return sum(len(r) for r in out.reshape(-1)["tokens"].as_list("response"))
 
     @torch.no_grad()
@@ -249,7 +252,7 @@ def measure_decode(model_dir: Path, device: str, sizes: dict) -> dict[str, Any]:
         for name, values in runs.items()
     }
     result["llmrl"]["first_call_seconds"] = first_call
-    result["llmrl"]["compiled"] = bool(policy.compile_seconds is not None)
+    result["llmrl"]["compiled"] = versions[0].compile_seconds is not None
     _release(device)  # the model goes with this frame
     return result
 

@@ -50,6 +50,10 @@ def test_bfloat16_sampling_log_probs_match_scoring_within_the_rounding_bound(tok
     scored = policy.get_new_version(generate=False, input_mode="tokens")(out)
     sampled = torch.cat(out["log_probs"].as_list("response"))
     rescored = torch.cat(scored["log_probs"].as_list("response")).detach()
+    # sampled outputs are shipped between processes, so they come back on the CPU; scoring is the
+    # trainer's forward (its loss backpropagates), so it stays on the model's device
+    assert sampled.device.type == "cpu" and rescored.device == model.device
+    rescored = rescored.cpu()
     with torch.no_grad():  # the largest logit magnitude the model produces on these tokens
         ids = out["tokens"].as_list("full")[0].unsqueeze(0).cuda()
         max_logit = float(model(input_ids=ids).logits.float().abs().max())
