@@ -29,13 +29,13 @@ from llmrl.collectors import DynamicSampler, InProcessWeightUpdater, LLMCollecto
 from llmrl.config.grpo import GRPOConfig
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
+from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
 from llmrl.objectives import build_advantage
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime.grpo_runtime import rollout_metrics
 from llmrl.train.grpo_trainer import GRPOTrainer
 from llmrl.train.precision import TrainingPrecision
-from llmrl.train.stage import prepared_task
 from llmrl.train.trainable_model import load_trainable_model
 
 

@@ -211,7 +211,7 @@ def outcomes(model: Path, data: Path, rows: int) -> dict[str, bool]:
     """Per held-out problem id, whether ``model`` answered it right (greedy), by llmrl's
     evaluator: the same code and the same problems for every model."""
     from llmrl.config.evaluate import EvalConfig
-    from llmrl.train.evaluate import evaluate
+    from llmrl.stages.evaluate import evaluate
 
     config = EvalConfig.model_validate(
         {

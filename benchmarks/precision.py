@@ -2,7 +2,7 @@
 
 The same tiny random Llama (SmolLM2's tokenizer), the same prepared arithmetic data, the same
 seed and 40 SFT steps at lr 1e-5 (constant schedule) through the stage users run
-(``llmrl.train.sft.run_sft``), three times: ``model.dtype: float32``; ``bfloat16`` with
+(``llmrl.stages.sft.run_sft``), three times: ``model.dtype: float32``; ``bfloat16`` with
 ``precision: mixed`` (the default: float32 masters and AdamW state, bfloat16 autocast); and
 ``precision: pure`` (bfloat16 parameters and AdamW state). Each run's final checkpoint is loaded
 back as its trainer holds the weights (mixed: the float32 masters, which the checkpoint keeps
@@ -95,8 +95,8 @@ def sft_moves(
     from llmrl.config.common import LoraSettings
     from llmrl.config.sft import SFTConfig
     from llmrl.models import load_model
+    from llmrl.stages.sft import run_sft
     from llmrl.train.checkpoint import CheckpointManager
-    from llmrl.train.sft import run_sft
     from llmrl.train.trainable_model import make_trainable
 
     with tempfile.TemporaryDirectory(prefix="llmrl-precision-") as scratch:

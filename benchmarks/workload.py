@@ -67,10 +67,10 @@ def arithmetic_data(rows: int | None) -> tuple[Path, dict]:
     ``rows`` training problems (all when None): their chats (system = the task's
     instructions), answers, and the task's constructor options (so TRL's reward function is
     llmrl's scorer)."""
-    from llmrl.config.loading import load_config
     from llmrl.config.prepare import PrepareConfig
+    from llmrl.core.config_loading import load_config
     from llmrl.data.prepare import load_prepared, prepare_dataset
-    from llmrl.train.stage import prepared_task
+    from llmrl.envs.tasks.prepared import prepared_task
 
     # the pipeline's task mix (configs/prepare.yaml), so benchmarks train what `make run` trains
     config = load_config(PrepareConfig, PREPARE_CONFIG, [f"output_dir={WORK_DIR / 'data'}"])

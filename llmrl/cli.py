@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from llmrl.config import ConfigError
-from llmrl.models import DEFAULT_MODEL, MissingExtraError, ModelSpecError
+from llmrl.core.errors import MissingExtraError
+from llmrl.models import DEFAULT_MODEL, ModelSpecError
 
 if TYPE_CHECKING:
     from llmrl.config import PrepareConfig
@@ -93,8 +94,8 @@ def _track_prepare(config: PrepareConfig, prepared: PreparedDataset) -> None:
     sets it): the config as params, the rows per split, the prepared splits as its dataset
     inputs; in ``$MLFLOW_EXPERIMENT_NAME`` (default ``llmrl``), nested under
     ``$MLFLOW_PARENT_RUN_ID`` when set."""
+    from llmrl.stages.common import log_prepared_data
     from llmrl.tracking import Tracker
-    from llmrl.train.stage import log_prepared_data
 
     experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "llmrl"
     with Tracker("prepare", experiment=experiment, log_system_metrics=False) as tracker:
@@ -107,7 +108,7 @@ def _track_prepare(config: PrepareConfig, prepared: PreparedDataset) -> None:
 
 def _run_stage(args: argparse.Namespace) -> int:
     from llmrl.config import dump_config
-    from llmrl.train.stages import STAGES
+    from llmrl.stages.registry import STAGES
 
     config_cls, run = STAGES[args.command]
     overrides = [*args.overrides, *(["progress=false"] if args.no_progress else [])]

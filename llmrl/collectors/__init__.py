@@ -1,5 +1,7 @@
 """Collectors: run policies in envs and hand the trainer batches of finished trajectories.
 
+Layer 3 (collectors, transports, per-rank training): imports layers 0-2.
+
 - :class:`LLMCollector`: one env and one policy in this process;
 - :class:`RayLLMCollector`: env workers and inference actors on Ray (the ``local`` extra);
 - :class:`AsyncRollouts`: any collector in a background thread, at most ``max_staleness``

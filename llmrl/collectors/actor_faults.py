@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llmrl.collectors.weight_sync import import_ray
+from llmrl.core.ray_helpers import import_ray
 
 
 class ActorRestartsExhausted(RuntimeError):

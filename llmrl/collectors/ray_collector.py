@@ -74,7 +74,8 @@ from llmrl.collectors.llm_collector import (
     find_version_transform,
 )
 from llmrl.collectors.packed_weights import PackedStateDict
-from llmrl.collectors.weight_sync import RayObjectStoreWeightUpdater, import_ray
+from llmrl.collectors.weight_sync import RayObjectStoreWeightUpdater
+from llmrl.core.ray_helpers import import_ray
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase

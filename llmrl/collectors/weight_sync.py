@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -34,7 +33,8 @@ from typing import Any
 import torch
 
 from llmrl.collectors.packed_weights import PackedStateDict
-from llmrl.models.errors import MissingExtraError
+from llmrl.core.errors import MissingExtraError
+from llmrl.core.ray_helpers import free_port, import_ray
 
 logger = logging.getLogger(__name__)
 
@@ -306,19 +306,3 @@ def as_state_dict(weights: Weights) -> StateDict:
 def state_dict_bytes(state: Mapping[str, torch.Tensor]) -> int:
     """Bytes of every tensor of a state dict (tied tensors count once per name)."""
     return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
-
-
-def free_port() -> int:
-    """A TCP port free on this machine right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def import_ray(purpose: str) -> Any:
-    """The ``ray`` module, or :class:`MissingExtraError` naming the ``local`` extra."""
-    try:
-        import ray
-    except ImportError as error:
-        raise MissingExtraError("ray", "local", purpose) from error
-    return ray

@@ -1,6 +1,8 @@
-"""Stage configs: the shared YAML loading machinery and each stage's settings."""
+"""Stage configs: the shared YAML loading machinery and each stage's settings.
 
-from llmrl.config.loading import ConfigError, ConfigModel, dump_config, load_config
+Layer 1 (data, models, topology, tracking): imports core and topology.
+"""
+
 from llmrl.config.prepare import (
     GENERATED_TASKS,
     SOURCE_TASK_FIELDS,
@@ -8,6 +10,7 @@ from llmrl.config.prepare import (
     PrepareConfig,
     SplitConfig,
 )
+from llmrl.core.config_loading import ConfigError, ConfigModel, dump_config, load_config
 
 __all__ = [
     "GENERATED_TASKS",

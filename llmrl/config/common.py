@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from llmrl.config.loading import (
+from llmrl.core.config_loading import (
     MAX_BATCH,
     MAX_LR,
     MAX_ROWS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from llmrl.config.common import GenerationSettings, StageConfig
-from llmrl.config.loading import MAX_BATCH, MAX_TOKENS
+from llmrl.core.config_loading import MAX_BATCH, MAX_TOKENS
 
 
 class EvalConfig(StageConfig):

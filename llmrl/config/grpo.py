@@ -14,7 +14,7 @@ from llmrl.config.common import (
     StageConfig,
     ToolSettings,
 )
-from llmrl.config.loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, ConfigModel
+from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, ConfigModel
 from llmrl.topology.spec import Topology
 
 TOPOLOGY_ENV = "LLMRL_TOPOLOGY"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llmrl.config.loading import MAX_ROWS, MAX_SEED, MAX_TEXT_CHARS, ConfigModel
+from llmrl.core.config_loading import MAX_ROWS, MAX_SEED, MAX_TEXT_CHARS, ConfigModel
 
 TaskName = Literal["arithmetic", "gsm8k", "math", "countdown", "ifeval"]
 

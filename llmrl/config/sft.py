@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmrl.config.common import CheckpointConfig, LoraSettings, OptimizerConfig, StageConfig
-from llmrl.config.loading import MAX_BATCH, MAX_STEPS, MAX_TOKENS
+from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TOKENS
 
 DEFAULT_MINOR_SFT_BETA = 0.1
 """MinorSFT's ``beta`` when ``minor_sft_beta`` is not set."""

@@ -1,4 +1,7 @@
-"""The chat data model: `History`, output containers, chat templates and padding conventions."""
+"""The chat data model: `History`, output containers, chat templates and padding conventions.
+
+Layer 1 (data, models, topology, tracking): imports core and config.
+"""
 
 from llmrl.data.chat_formats import (
     CHAT_FORMATS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmrl.config.loading import quoted
+from llmrl.core.config_loading import quoted
 
 MAX_PROBLEM_CHARS = 1000
 """A :class:`DatasetError`'s problem text is cut to this many characters."""

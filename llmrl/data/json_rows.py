@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
-from llmrl.config.loading import quoted
+from llmrl.core.config_loading import quoted
 from llmrl.data.dataset_error import DatasetError
 
 MAX_ROW_BYTES = 1 << 26

@@ -38,13 +38,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from llmrl.config.loading import ConfigError
 from llmrl.config.prepare import (
     OPTIONAL_TASK_FIELDS,
     SOURCE_TASK_FIELDS,
     STRUCTURED_FIELDS,
     PrepareConfig,
 )
+from llmrl.core.config_loading import ConfigError
 from llmrl.data.datasets import (
     DatasetError,
     DataSource,
@@ -58,7 +58,7 @@ from llmrl.data.datasets import (
     sha256_file,
 )
 from llmrl.data.json_rows import load_json_line
-from llmrl.envs.tasks.base import Problem
+from llmrl.data.problem import Problem
 
 logger = logging.getLogger(__name__)
 

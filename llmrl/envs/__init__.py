@@ -1,4 +1,7 @@
-"""Environments: everything around the LLM (prompts, tools, rewards) and the tasks."""
+"""Environments: everything around the LLM (prompts, tools, rewards) and the tasks.
+
+Layer 2 (policies, envs, objectives): imports layers 0-1.
+"""
 
 from llmrl.envs.chat_env import ChatEnv, queries
 from llmrl.envs.dataset_env import DatasetChatEnv

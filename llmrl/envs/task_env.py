@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llmrl.data.problem import Problem
 from llmrl.envs.dataset_env import DatasetChatEnv
 from llmrl.envs.tasks import ArithmeticTask, CountdownTask, GSM8KTask, IFEvalTask
-from llmrl.envs.tasks.base import Problem, Task
+from llmrl.envs.tasks.base import Task
 from llmrl.envs.tasks.gsm8k import load_problems
 from llmrl.envs.transforms.base import EnvTransform
 from llmrl.envs.transforms.task_reward import TaskReward

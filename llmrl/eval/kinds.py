@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llmrl.envs.tasks.base import Problem
+    from llmrl.data.problem import Problem
 
 KIND_METRIC_PREFIX = "accuracy_by_kind/"
 """Prefix of the per-kind accuracy metrics of an evaluation run."""

@@ -1,6 +1,9 @@
-"""Model and tokenizer loading: known names, local directories, GGUF files, hub ids."""
+"""Model and tokenizer loading: known names, local directories, GGUF files, hub ids.
 
-from llmrl.models.errors import MissingExtraError, ModelSpecError, UnsafeModelError
+Layer 1 (data, models, topology, tracking): imports only llmrl.core.
+"""
+
+from llmrl.models.errors import ModelSpecError, UnsafeModelError
 from llmrl.models.gguf_cache import cache_root, ensure_converted
 from llmrl.models.loading import as_dtype, load_model, load_tokenizer
 from llmrl.models.spec import DEFAULT_MODEL, KNOWN_MODELS, ModelSource, resolve_spec
@@ -9,7 +12,6 @@ from llmrl.models.tiny import tiny_model
 __all__ = [
     "DEFAULT_MODEL",
     "KNOWN_MODELS",
-    "MissingExtraError",
     "ModelSource",
     "ModelSpecError",
     "UnsafeModelError",

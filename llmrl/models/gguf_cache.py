@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmrl.models.errors import MissingExtraError, ModelSpecError
+from llmrl.core.errors import MissingExtraError
+from llmrl.models.errors import ModelSpecError
 
 logger = logging.getLogger(__name__)
 

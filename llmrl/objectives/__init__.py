@@ -1,5 +1,7 @@
 """Objectives: the GRPO family and SFT losses, advantage estimators and top-k reward selection.
 
+Layer 2 (policies, envs, objectives): imports layers 0-1, and objectives imports policies.
+
 ``GRPOLoss`` (and its variants ``GSPOLoss``, ``CISPOLoss``, which override its one
 ``policy_gradient`` method) / ``SFTLoss`` score a batch with the actor and call the pure
 ``grpo_objective`` / ``sft_objective`` on ``[N, L]`` tensors; the advantage estimators

@@ -1,5 +1,7 @@
 """Policies: the LLM behind one TensorDict API, over transformers or vLLM.
 
+Layer 2 (policies, envs, objectives): imports layers 0-1.
+
 ``vLLMWrapper`` is imported lazily so ``import llmrl.policies`` works without vLLM installed.
 """
 

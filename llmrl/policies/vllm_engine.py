@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llmrl.core.errors import MissingExtraError
 from llmrl.data.datasets import sha256_file
-from llmrl.models.errors import MissingExtraError
 from llmrl.policies import vllm_file_transfer
 from llmrl.policies.vllm_worker_extension import WORKER_EXTENSION
 

@@ -1,4 +1,6 @@
 """The GRPO runtime: the stage's roles (inference engines, env workers, trainer ranks, the
+
+Layer 4 (runtime): imports layers 0-3.
 reference model) placed on Ray from the :class:`~llmrl.topology.Topology`, and the transports
 between them (rollouts to the trainer, weights to the engines).
 

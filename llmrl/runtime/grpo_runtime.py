@@ -44,16 +44,16 @@ from tensordict import TensorDictBase
 
 from llmrl.collectors import AsyncRollouts, DynamicSampler, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
-from llmrl.config.loading import ConfigError
+from llmrl.core.config_loading import ConfigError
+from llmrl.core.faults import fault_point
 from llmrl.data.prepare import load_prepared
+from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.objectives import build_advantage
 from llmrl.runtime.engines import inference_actor_options, start_engines
 from llmrl.runtime.env_workers import TaskEnvFactory
 from llmrl.runtime.trainer_group import TrainerGroup
 from llmrl.runtime.weights import TrainerRanksWeightUpdater
 from llmrl.topology import Topology, place_on_ray
-from llmrl.train.faults import fault_point
-from llmrl.train.stage import prepared_task
 
 logger = logging.getLogger(__name__)
 

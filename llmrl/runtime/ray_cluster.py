@@ -25,7 +25,7 @@ FORWARDED_PREFIXES: tuple[str, ...] = ("LLMRL_", "HF_", "TRANSFORMERS_", "TOKENI
 def ray_session(address: str | None = None) -> Iterator[Any]:
     """``ray`` connected to ``address`` (or ``$RAY_ADDRESS``), or to a local Ray started here
     (and shut down on exit). An already connected Ray is used as it is."""
-    from llmrl.collectors.weight_sync import import_ray
+    from llmrl.core.ray_helpers import import_ray
 
     ray = import_ray("The GRPO runtime")
     if ray.is_initialized():

@@ -64,16 +64,16 @@ class TrainerRank:
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port on it (asked of rank 0 for the group)."""
-        from llmrl.collectors.weight_sync import free_port
+        from llmrl.core.ray_helpers import free_port
 
         return _node_address(), free_port()
 
     def setup(self, address: str, port: int, resume_from: str | None) -> int:
         """Join the group, build the model (from ``resume_from``'s weights when given), wrap it
         for the strategy and build the optimizer; returns the rank's parameter count."""
+        from llmrl.core.seeding import seed_everything
         from llmrl.models import load_tokenizer
         from llmrl.train.grpo_trainer import GRPOTrainer
-        from llmrl.train.stage import seed_everything
         from llmrl.train.trainable_model import load_trainable_model
 
         config = self.config

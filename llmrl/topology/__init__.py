@@ -1,5 +1,7 @@
 """Cluster topology: the roles of a run, their resources, and their placement on Ray.
 
+Layer 1 (data, models, topology, tracking): imports only llmrl.core.
+
 :class:`Topology` is the single description of which GPUs, CPUs and memory the inference
 engines, the trainer, the reference model and the environment workers get. The Helm chart in
 ``helm/llmrl`` renders it into a KubeRay ``RayCluster``; :func:`place_on_ray` reserves it as Ray

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from llmrl.config.loading import ConfigModel
+from llmrl.core.config_loading import ConfigModel
 from llmrl.topology.spec import Topology
 
 PREFECT_VERSION = "3.8.8"

@@ -189,7 +189,7 @@ def place_on_ray(
         import ray
         from ray.util.placement_group import placement_group
     except ImportError as error:
-        from llmrl.models.errors import MissingExtraError
+        from llmrl.core.errors import MissingExtraError
 
         raise MissingExtraError("ray", "local", "Placing a topology on Ray") from error
     if not ray.is_initialized():

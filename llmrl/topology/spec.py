@@ -6,7 +6,7 @@ rollouts. It is the one description both deployments read: the Helm chart render
 KubeRay ``RayCluster`` (one worker group per role) and :func:`llmrl.topology.place_on_ray`
 turns it into Ray placement groups. Every cross-field rule lives in
 :meth:`Topology._consistent`, and each error line starts with the dotted field it is about, so
-:func:`llmrl.config.loading.load_config` reports ``<file>: <field>: <message>``.
+:func:`llmrl.core.config_loading.load_config` reports ``<file>: <field>: <message>``.
 
 The trainer runs as :attr:`TrainerSpec.world_size` processes (torch.distributed ranks): one
 per GPU, or ``ranks`` CPU processes when it has no GPUs, so a development cluster can run
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmrl.config.loading import MAX_CLUSTER, ConfigModel
+from llmrl.core.config_loading import MAX_CLUSTER, ConfigModel
 
 Backend = Literal["vllm", "transformers"]
 Strategy = Literal["single", "ddp", "fsdp"]

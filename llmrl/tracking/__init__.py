@@ -1,4 +1,6 @@
 """MLflow tracking: the only llmrl package that imports ``mlflow``, and the one place that talks
+
+Layer 1 (data, models, topology, tracking): imports only llmrl.core.
 to it, for the stages and for the flow that orchestrates them.
 
 - :class:`Tracker` (:mod:`~llmrl.tracking.tracker`): a stage's run; never stops training

@@ -44,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from llmrl.core.faults import fault_point
 from llmrl.tracking.connection import RunLink
 from llmrl.tracking.datasets import DatasetRef, send_inputs
 from llmrl.tracking.models import log_model_dir
@@ -56,7 +57,6 @@ from llmrl.tracking.spool import (
     send_params,
     send_tags,
 )
-from llmrl.train.faults import fault_point
 
 logger = logging.getLogger("llmrl.tracking")
 

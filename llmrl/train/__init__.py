@@ -1,5 +1,7 @@
-"""The training stages: SFT, GRPO (sync and async), evaluation, and their checkpoints.
+"""Training on one rank: the model a trainer holds, its precision, optimizer, LoRA adapters,
+torch.distributed wrapping, the frozen reference, the GRPO trainer and crash-safe checkpoints.
 
-Each stage module is imported on use (``llmrl.train.sft``, ``llmrl.train.grpo``,
-``llmrl.train.evaluate``), so ``import llmrl.train`` stays light.
+Layer 3 (collectors, transports, per-rank training): imports layers 0-2.
+
+The stages that drive these pieces are in :mod:`llmrl.stages`.
 """

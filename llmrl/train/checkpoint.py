@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from llmrl.train.faults import fault_point
+from llmrl.core.faults import fault_point
 from llmrl.train.lora import is_peft_model, merged_state_dict
 
 logger = logging.getLogger(__name__)

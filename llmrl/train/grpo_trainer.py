@@ -52,10 +52,10 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl.config.grpo import GRPOConfig
+from llmrl.core.faults import fault_point
 from llmrl.objectives import build_grpo_loss
 from llmrl.policies import TransformersWrapper
 from llmrl.train import distributed
-from llmrl.train.faults import fault_point
 from llmrl.train.optim import build_optimizer
 from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
 from llmrl.train.precision import TrainingPrecision
@@ -125,7 +125,7 @@ class GRPOTrainer:
 
         ``stand_in_only``: the batch had fewer groups than ranks and ``shard`` is a copy of
         another rank's rows, trained on with weight 0 (this rank only joins the collectives).
-        ``step`` (1-based) names the training step for :mod:`llmrl.train.faults`.
+        ``step`` (1-based) names the training step for :mod:`llmrl.core.faults`.
         """
         reset_peak_memory(self.config.model.device)
         sums: dict[str, float] = {}

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from llmrl.config.common import LoraSettings
-from llmrl.models.errors import MissingExtraError
+from llmrl.core.errors import MissingExtraError
 
 
 def apply_lora(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmrl.config.grpo import GRPOConfig
-from llmrl.config.loading import ConfigError
+from llmrl.core.config_loading import ConfigError
 from tests.train.conftest import stage_config
 
 

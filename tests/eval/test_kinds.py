@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import llmrl.eval.kinds as kinds_module
+from llmrl.data.problem import Problem
 from llmrl.envs.tasks import ArithmeticTask, GSM8KTask, MathTask
-from llmrl.envs.tasks.base import Problem
 from llmrl.envs.tasks.math import problem_from_row
 from llmrl.eval.kinds import (
     accuracy_by_kind,
@@ -134,7 +134,7 @@ def test_problem_kinds() -> None:
 def test_evaluation_tallies_every_kind_of_a_multi_kind_task(tmp_path: Path) -> None:
     """The eval stage's summary (here without a model) has per-level and per-type accuracy."""
     from llmrl.config.evaluate import EvalConfig
-    from llmrl.train.evaluate import _summarise
+    from llmrl.stages.evaluate import _summarise
 
     problems = _math_problems()
     greedy = {p.id: [(i != 1, "\\boxed{0}")] for i, p in enumerate(problems)}

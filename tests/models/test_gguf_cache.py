@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 from safetensors import safe_open
 
-from llmrl.models import DEFAULT_MODEL, MissingExtraError, cache_root, ensure_converted, gguf_cache
+from llmrl.core.errors import MissingExtraError
+from llmrl.models import DEFAULT_MODEL, cache_root, ensure_converted, gguf_cache
 from llmrl.models.gguf_cache import converted_dir_for
 from llmrl.models.spec import resolve_spec
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from llmrl.core.errors import MissingExtraError
 from llmrl.data import Tokens
-from llmrl.models import MissingExtraError
 from llmrl.policies.vllm_wrapper import split_evenly, vLLMWrapper
 from tests.policies.conftest import PROMPTS, history_batch
 
@@ -87,7 +87,7 @@ def test_modules_import_without_vllm_or_ray():
     code = (
         "import sys, llmrl.policies, llmrl.policies.vllm_wrapper, llmrl.policies.vllm_engine, "
         "llmrl.policies.vllm_worker_extension, llmrl.policies.vllm_file_transfer, "
-        "llmrl.policies.remote_vllm, llmrl.train.evaluate\n"
+        "llmrl.policies.remote_vllm, llmrl.stages.evaluate\n"
         "from llmrl.policies import vLLMWrapper\n"
         "assert 'vllm' not in sys.modules and 'ray' not in sys.modules, 'imported at top level'\n"
     )

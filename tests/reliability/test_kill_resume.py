@@ -2,7 +2,7 @@
 ``checkpoint.resume: auto`` until it succeeds, ends exactly where an uninterrupted run ends.
 
 Ten trials (seeds 0-9) against a real ``mlflow server``. Trial ``seed`` kills the first attempt
-with :mod:`llmrl.train.faults` in phase ``KINDS[seed % 5]`` (``generate``, ``backward``,
+with :mod:`llmrl.core.faults` in phase ``KINDS[seed % 5]`` (``generate``, ``backward``,
 ``checkpoint_write``, ``log_metrics``) at a step (and hit) drawn from ``random.Random(seed)``,
 or, for the kind ``time``, from outside at a random delay after the stage has loaded its model.
 A kill in the ``backward`` or ``checkpoint_write`` phase strikes the trainer rank (a Ray actor of
@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from llmrl.core.faults import FAULT_ENV, KILL_MESSAGE, PHASES
+from llmrl.stages.common import RUN_ID_FILE, recorded_run_id
 from llmrl.train.checkpoint import CheckpointManager
-from llmrl.train.faults import FAULT_ENV, KILL_MESSAGE, PHASES
-from llmrl.train.stage import RUN_ID_FILE, recorded_run_id
 from tests.tracking.conftest import mlflow_server  # noqa: F401 (a real server, reused)
 from tests.train.conftest import (  # noqa: F401 (session fixtures: the model, the data)
     arithmetic_data,

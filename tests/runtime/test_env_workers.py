@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from llmrl.config.grpo import GRPOConfig
-from llmrl.config.loading import ConfigError
+from llmrl.core.config_loading import ConfigError
 from llmrl.envs import PythonInterpreter
 from llmrl.envs.tasks import ArithmeticTask
 from llmrl.runtime.env_workers import TaskEnvFactory

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from llmrl.train.faults import FAULT_ENV
+from llmrl.core.faults import FAULT_ENV
 from tests.train.conftest import REPO, cli_env, metric_steps, metric_values
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=65)]

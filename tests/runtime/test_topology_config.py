@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig
-from llmrl.config.loading import ConfigError
+from llmrl.core.config_loading import ConfigError
 from llmrl.runtime import describe, resolve_topology
 from llmrl.topology import Topology
 

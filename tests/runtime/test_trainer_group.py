@@ -14,11 +14,11 @@ from tensordict import TensorDict, lazy_stack
 from llmrl.collectors import LLMCollector
 from llmrl.config.grpo import GRPOConfig
 from llmrl.envs.task_env import TaskEnv
+from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime import TrainerGroup, TrainerRankDied, split_groups
 from llmrl.topology import Topology, place_on_ray
-from llmrl.train.stage import prepared_task
 from tests.train.conftest import stage_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=90)]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from llmrl.models.errors import MissingExtraError
+from llmrl.core.errors import MissingExtraError
 from llmrl.topology import PlacementError, Topology, place_on_ray
 from llmrl.topology.placement import plan_groups, requested_resources
 

@@ -12,12 +12,12 @@ import pytest
 from mlflow import MlflowClient
 from tensordict import TensorDictBase
 
-import llmrl.train.evaluate as evaluate_module
+import llmrl.stages.evaluate as evaluate_module
 from llmrl.config.evaluate import EvalConfig
 from llmrl.data import ChatHistory, History
 from llmrl.data.containers import Text
 from llmrl.data.prepare import load_prepared
-from llmrl.train.evaluate import evaluate, pass_at_k
+from llmrl.stages.evaluate import evaluate, pass_at_k
 from tests.train.conftest import artifact_paths, stage_config
 
 # Problem i asks "What is i + i?" (answer 2i). The greedy policy gets problems 0, 1 and 2 right;

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from llmrl.train.faults import FAULT_ENV, KILL_MESSAGE, fault_point, parse_fault
+from llmrl.core.faults import FAULT_ENV, KILL_MESSAGE, fault_point, parse_fault
 
 # Reaches generate at steps 1 and 2 (twice in step 2), printing what it survived.
 _SCRIPT = """
-from llmrl.train.faults import fault_point
+from llmrl.core.faults import fault_point
 for phase, step in [("generate", 1), ("generate", 2), ("backward", 2), ("generate", 2)]:
     fault_point(phase, step)
     print(phase, step, flush=True)

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from llmrl.config.grpo import GRPOConfig
-from llmrl.train.grpo import run_grpo
+from llmrl.stages.grpo import run_grpo
 from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
 from tests.train.conftest import (
     artifact_paths,

@@ -29,7 +29,7 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.models import tiny_model
 from llmrl.objectives import MCAdvantage
 from llmrl.objectives.from_config import ADVANTAGE_ESTIMATORS
-from llmrl.train.grpo import run_grpo
+from llmrl.stages.grpo import run_grpo
 from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
 from tests.train.conftest import metric_values, run_id_of, stage_config
 

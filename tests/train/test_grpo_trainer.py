@@ -14,10 +14,10 @@ from tensordict import TensorDictBase
 from llmrl.collectors import LLMCollector
 from llmrl.config.grpo import GRPOConfig
 from llmrl.envs.task_env import TaskEnv
+from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
 from llmrl.train.grpo_trainer import ANCHOR_KEY, GRPOTrainer
-from llmrl.train.stage import prepared_task
 from tests.train.conftest import stage_config
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from llmrl.config.common import LoraSettings, ModelConfig
-from llmrl.config.loading import ConfigError
+from llmrl.core.config_loading import ConfigError
 from llmrl.models import tiny_model
 from llmrl.train.precision import TrainingPrecision
 from llmrl.train.trainable_model import make_trainable

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from llmrl.cli import main
 from llmrl.config.sft import SFTConfig
-from llmrl.train.sft import run_sft
+from llmrl.stages.sft import run_sft
 from tests.train.conftest import (
     assert_generates,
     metric_steps,

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from llmrl.config.sft import SFTConfig
-from llmrl.train.sft import run_sft
+from llmrl.stages.sft import run_sft
 from tests.train.conftest import (
     assert_generates,
     metric_steps,

@@ -11,7 +11,7 @@ from llmrl.config import ConfigError, load_config
 from llmrl.config.evaluate import EvalConfig
 from llmrl.config.grpo import GRPOConfig
 from llmrl.config.sft import SFTConfig
-from llmrl.train.stages import STAGES
+from llmrl.stages.registry import STAGES
 from tests.train.conftest import REPO, run_cli
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from llmrl.train.stage import step_bar
+from llmrl.stages.common import step_bar
 
 
 def test_hidden_bar_logs_each_step_from_where_a_resumed_run_starts(caplog):
-    caplog.set_level(logging.INFO, logger="llmrl.train.stage")
+    caplog.set_level(logging.INFO, logger="llmrl.stages.common")
     bar = step_bar("grpo", 2, 4, enabled=False)
     for step in bar:
         bar.set_postfix(reward=f"{step / 10:.3f}", loss="0.0100")
@@ -19,7 +19,7 @@ def test_hidden_bar_logs_each_step_from_where_a_resumed_run_starts(caplog):
 
 
 def test_drawn_bar_shows_the_figures_and_logs_nothing(caplog, capsys):
-    caplog.set_level(logging.INFO, logger="llmrl.train.stage")
+    caplog.set_level(logging.INFO, logger="llmrl.stages.common")
     bar = step_bar("sft", 0, 2, enabled=True)
     for _ in bar:
         bar.set_postfix(loss="1.5")

@@ -18,7 +18,7 @@ import torch
 from llmrl.config.evaluate import EvalConfig
 from llmrl.policies import TransformersWrapper, vLLMWrapper
 from llmrl.policies.remote_vllm import RemoteEngineError, RemoteVLLMEngine
-from llmrl.train.evaluate import evaluate
+from llmrl.stages.evaluate import evaluate
 from tests.policies.conftest import history_batch
 from tests.train.conftest import _isolated, arithmetic_data, stage_config  # noqa: F401
 from tests.vllm.conftest import (

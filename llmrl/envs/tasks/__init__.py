@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmrl.data.problem import Problem
 from llmrl.envs.tasks.arithmetic import ArithmeticTask
-from llmrl.envs.tasks.base import Problem, Score, Task
+from llmrl.envs.tasks.base import Score, Task
 from llmrl.envs.tasks.countdown import CountdownTask
 from llmrl.envs.tasks.gsm8k import GSM8KTask
 from llmrl.envs.tasks.ifeval import IFEvalTask

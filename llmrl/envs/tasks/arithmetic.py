@@ -26,7 +26,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmrl.envs.tasks.base import Problem, Score, check_format_reward, sample_split
+from llmrl.data.problem import Problem
+from llmrl.envs.tasks.base import Score, check_format_reward, sample_split
 from llmrl.envs.tasks.numbers import FINAL_ANSWER_INSTRUCTIONS, score_final_answer
 
 OPERATORS = "+-*"

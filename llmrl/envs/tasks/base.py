@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 SPLITS = ("train", "eval", "test")
@@ -31,25 +31,6 @@ ANSWER_WINDOW_CHARS = 20_000
 """Scorers look for a response's final answer (``\\boxed{}``, ``#### ...``) in its last this many
 characters only: the answer sits at the end, and a hostile response of any length then costs
 the parser at most this much (linear) work."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One dataset row of a task.
-
-    ``answer`` is the normalized reference (``"42"``, or a JSON spec for countdown and ifeval);
-    ``sft_target`` is a worked solution ending in the required answer format, when one exists.
-
-    Example:
-        >>> Problem(id="arithmetic-train-0-0", prompt="What is 2 + 3?", answer="5").answer
-        '5'
-    """
-
-    id: str
-    prompt: str
-    answer: str
-    sft_target: str | None = None
-    meta: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,8 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from llmrl.envs.tasks.base import (
-    ANSWER_WINDOW_CHARS,
-    Problem,
-    Score,
-    check_format_reward,
-    sample_split,
-)
+from llmrl.data.problem import Problem
+from llmrl.envs.tasks.base import ANSWER_WINDOW_CHARS, Score, check_format_reward, sample_split
 
 MAX_EXPRESSION_CHARS = 200
 _ALLOWED_CHARS = re.compile(r"[0-9+\-*/() ]+")

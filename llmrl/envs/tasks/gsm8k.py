@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmrl.envs.tasks.base import Problem, Score, check_format_reward, check_split
+from llmrl.data.problem import Problem
+from llmrl.envs.tasks.base import Score, check_format_reward, check_split
 from llmrl.envs.tasks.numbers import (
     FINAL_ANSWER_INSTRUCTIONS,
     extract_final_answer,

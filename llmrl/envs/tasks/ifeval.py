@@ -51,7 +51,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmrl.envs.tasks.base import Problem, Score, check_format_reward, sample_split
+from llmrl.data.problem import Problem
+from llmrl.envs.tasks.base import Score, check_format_reward, sample_split
 from llmrl.envs.tasks.ifeval_checks import (
     SUPPORTED_IDS,
     check_instruction,

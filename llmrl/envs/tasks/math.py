@@ -43,7 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from llmrl.envs.tasks.base import ANSWER_WINDOW_CHARS, Problem, Score, check_format_reward
+from llmrl.data.problem import Problem
+from llmrl.envs.tasks.base import ANSWER_WINDOW_CHARS, Score, check_format_reward
 
 logger = logging.getLogger(__name__)
 

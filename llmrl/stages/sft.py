@@ -27,27 +27,27 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from llmrl.config.loading import ConfigError
 from llmrl.config.sft import SFTConfig
+from llmrl.core.config_loading import ConfigError
+from llmrl.core.seeding import seed_everything
 from llmrl.data import ChatHistory, History
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks import Problem, Task
+from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_tokenizer
 from llmrl.objectives import SFTLoss, SFTLossOutput
 from llmrl.policies import TransformersWrapper
+from llmrl.stages.common import (
+    log_prepared_data,
+    open_checkpoints,
+    register_final_model,
+    stage_tracker,
+    step_bar,
+)
 from llmrl.train.frozen_reference import FrozenReference
 from llmrl.train.optim import build_optimizer
 from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
 from llmrl.train.precision import TrainingPrecision
-from llmrl.train.stage import (
-    log_prepared_data,
-    open_checkpoints,
-    prepared_task,
-    register_final_model,
-    seed_everything,
-    stage_tracker,
-    step_bar,
-)
 from llmrl.train.trainable_model import load_trainable_model
 
 logger = logging.getLogger(__name__)

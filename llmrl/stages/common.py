@@ -1,12 +1,11 @@
-"""What every training stage sets up the same way: the task of a prepared dataset, seeding, and
-its MLflow tracker."""
+"""What every training stage sets up the same way: the device check, its MLflow tracker, its
+checkpoints and its progress bar."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,34 +15,10 @@ import torch
 from tqdm import tqdm
 
 from llmrl.config.common import CheckpointConfig, StageConfig
-from llmrl.config.loading import ConfigError
-from llmrl.data.datasets import DatasetError
-from llmrl.data.prepare import read_manifest
-from llmrl.envs.tasks import Task, make_task
+from llmrl.core.config_loading import ConfigError
 from llmrl.train.checkpoint import CheckpointManager, TrainState
 
 logger = logging.getLogger(__name__)
-
-
-def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
-    """The task a prepared dataset was made for (with its generator options) and its manifest.
-
-    Raises:
-        ConfigError: ``path`` is not a prepared dataset (a user error: the CLI exits 2).
-        DatasetError: its manifest is broken or names an unknown task.
-    """
-    manifest_path = Path(path) / "manifest.json"
-    if not manifest_path.is_file():
-        what = "does not exist" if not Path(path).exists() else "has no manifest.json"
-        raise ConfigError(
-            [f"data.path: {path} {what}: not a prepared dataset; run `llmrl prepare` first"]
-        )
-    manifest = read_manifest(path)
-    generated = manifest.get("generated") or {}
-    try:
-        return make_task(manifest.get("task"), **generated.get("options", {})), manifest
-    except (TypeError, ValueError) as error:
-        raise DatasetError(f"names no usable task ({error})", file=manifest_path) from None
 
 
 def require_device(device: str) -> None:
@@ -58,12 +33,6 @@ def require_device(device: str) -> None:
         raise ConfigError(
             [f"model.device: {device!r} cannot be used on this machine ({error})"]
         ) from None
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python's and torch's generators."""
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 RUN_ID_FILE = "mlflow_run.json"

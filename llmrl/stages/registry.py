@@ -13,26 +13,26 @@ from llmrl.config.sft import SFTConfig
 
 def _on_its_device(config: StageConfig, run: Callable[[Any], Any]) -> Any:
     """``run(config)``, after checking that ``model.device`` exists here (torch is loaded now)."""
-    from llmrl.train.stage import require_device
+    from llmrl.stages.common import require_device
 
     require_device(config.model.device)
     return run(config)
 
 
 def _sft(config: SFTConfig) -> Any:
-    from llmrl.train.sft import run_sft
+    from llmrl.stages.sft import run_sft
 
     return _on_its_device(config, run_sft)
 
 
 def _grpo(config: GRPOConfig) -> Any:
-    from llmrl.train.grpo import run_grpo
+    from llmrl.stages.grpo import run_grpo
 
     return _on_its_device(config, run_grpo)
 
 
 def _eval(config: EvalConfig) -> Any:
-    from llmrl.train.evaluate import evaluate
+    from llmrl.stages.evaluate import evaluate
 
     return _on_its_device(config, evaluate)
 

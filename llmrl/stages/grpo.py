@@ -21,17 +21,17 @@ from pathlib import Path
 from tensordict import TensorDictBase
 
 from llmrl.config.grpo import GRPOConfig
+from llmrl.core.seeding import seed_everything
 from llmrl.data.non_tensor import as_list
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env, ray_session
-from llmrl.train.checkpoint import CheckpointManager
-from llmrl.train.stage import (
+from llmrl.stages.common import (
     log_prepared_data,
     register_final_model,
-    seed_everything,
     stage_tracker,
     step_bar,
 )
+from llmrl.train.checkpoint import CheckpointManager
 
 logger = logging.getLogger(__name__)
 

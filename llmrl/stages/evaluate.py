@@ -31,16 +31,18 @@ import torch
 from tqdm import tqdm
 
 from llmrl.config.evaluate import EvalConfig
-from llmrl.config.loading import ConfigError
+from llmrl.core.config_loading import ConfigError
 from llmrl.data.non_tensor import as_list
 from llmrl.data.prepare import load_prepared
+from llmrl.data.problem import Problem
 from llmrl.envs.task_env import TaskEnv
-from llmrl.envs.tasks.base import Problem, Task
+from llmrl.envs.tasks.base import Task
+from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.eval.kinds import accuracy_by_kind, kind_metrics, problem_kind, problem_kinds
 from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import LLMWrapperBase, TransformersWrapper, vLLMWrapper
 from llmrl.policies.remote_vllm import RemoteVLLMEngine
-from llmrl.train.stage import log_prepared_data, prepared_task, stage_tracker
+from llmrl.stages.common import log_prepared_data, stage_tracker
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

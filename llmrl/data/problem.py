@@ -1,0 +1,24 @@
+"""`Problem`: one row of a prepared dataset (prompt, reference answer, worked solution)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One dataset row of a task.
+
+    ``answer`` is the normalized reference (``"42"``, or a JSON spec for countdown and ifeval);
+    ``sft_target`` is a worked solution ending in the required answer format, when one exists.
+
+    Example:
+        >>> Problem(id="arithmetic-train-0-0", prompt="What is 2 + 3?", answer="5").answer
+        '5'
+    """
+
+    id: str
+    prompt: str
+    answer: str
+    sft_target: str | None = None
+    meta: dict = field(default_factory=dict)

@@ -1,0 +1,32 @@
+"""The task a prepared dataset was made for, read from its manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmrl.core.config_loading import ConfigError
+from llmrl.data.datasets import DatasetError
+from llmrl.data.prepare import read_manifest
+from llmrl.envs.tasks import Task, make_task
+
+
+def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
+    """The task a prepared dataset was made for (with its generator options) and its manifest.
+
+    Raises:
+        ConfigError: ``path`` is not a prepared dataset (a user error: the CLI exits 2).
+        DatasetError: its manifest is broken or names an unknown task.
+    """
+    manifest_path = Path(path) / "manifest.json"
+    if not manifest_path.is_file():
+        what = "does not exist" if not Path(path).exists() else "has no manifest.json"
+        raise ConfigError(
+            [f"data.path: {path} {what}: not a prepared dataset; run `llmrl prepare` first"]
+        )
+    manifest = read_manifest(path)
+    generated = manifest.get("generated") or {}
+    try:
+        return make_task(manifest.get("task"), **generated.get("options", {})), manifest
+    except (TypeError, ValueError) as error:
+        raise DatasetError(f"names no usable task ({error})", file=manifest_path) from None
