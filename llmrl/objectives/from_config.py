@@ -19,7 +19,6 @@ from llmrl.objectives.advantages import GroupAdvantage, MCAdvantage
 from llmrl.objectives.cispo import CISPOLoss
 from llmrl.objectives.grpo import GRPOLoss
 from llmrl.objectives.gspo import GSPOLoss
-from llmrl.objectives.mismatch import MismatchCorrection
 
 if TYPE_CHECKING:
     from llmrl.config.grpo import GRPOConfig
@@ -41,27 +40,10 @@ ADVANTAGE_ESTIMATORS: dict[str, type[GroupAdvantage]] = {
 
 
 def build_grpo_loss(actor: LLMWrapperBase, config: GRPOConfig) -> GRPOLoss:
-    """The loss ``config.loss`` selects, over ``actor``; ``aggregation: sum_norm`` divides by
-    the generation budget (``generation.max_new_tokens``)."""
-    settings = config.loss
-    return LOSS_VARIANTS[settings.variant](
-        actor,
-        clip_epsilon=settings.clip_epsilon,
-        kl_to_ref_coeff=settings.kl_to_ref_coeff,
-        kl_to_inference_coeff=settings.kl_to_inference_coeff,
-        entropy_coeff=settings.entropy_coeff,
-        aggregation=settings.aggregation,
-        max_length_norm=(
-            config.generation.max_new_tokens if settings.aggregation == "sum_norm" else None
-        ),
-        masking_strategy=settings.masking_strategy,
-        tis_cap=settings.tis_cap,
-        mismatch=(
-            MismatchCorrection(**settings.mismatch.model_dump())
-            if settings.mismatch is not None
-            else None
-        ),
-    )
+    """The loss class ``loss.variant`` selects, over ``actor``, with the section's options
+    (:meth:`GRPOLoss.from_settings`)."""
+    loss = config.loss
+    return LOSS_VARIANTS[loss.variant].from_settings(actor, loss, config.generation.max_new_tokens)
 
 
 def build_advantage(

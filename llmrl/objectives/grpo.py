@@ -52,6 +52,7 @@ from llmrl.objectives.token_level import (
 from llmrl.policies.policy_inputs import get_input
 
 if TYPE_CHECKING:
+    from llmrl.config.grpo import GRPOLossSettings
     from llmrl.data import Masks
     from llmrl.policies import LLMWrapperBase
 
@@ -295,6 +296,27 @@ class GRPOLoss(nn.Module):
         >>> out = loss(batch)  # batch: collector output with "advantage" set by MCAdvantage
         >>> out.loss.backward()
     """
+
+    @classmethod
+    def from_settings(
+        cls, actor: LLMWrapperBase, settings: GRPOLossSettings, max_new_tokens: int
+    ) -> GRPOLoss:
+        """The loss a stage config's ``loss`` section describes.
+
+        Every field of :class:`~llmrl.config.grpo.GRPOLossSettings` but ``variant`` (which picks
+        the class) is the keyword of the same name here, so a new option is a field there and
+        a keyword here; nothing in between maps them. ``mismatch`` becomes a
+        :class:`MismatchCorrection`, and ``aggregation: sum_norm`` divides by the generation
+        budget ``max_new_tokens``.
+        """
+        options = settings.model_dump(exclude={"variant", "mismatch"})
+        mismatch = settings.mismatch
+        return cls(
+            actor,
+            **options,
+            mismatch=MismatchCorrection(**mismatch.model_dump()) if mismatch else None,
+            max_length_norm=max_new_tokens if settings.aggregation == "sum_norm" else None,
+        )
 
     def __init__(
         self,

@@ -50,3 +50,49 @@ def test_estimators_get_their_options():
         reference=reference,  # ignored: RLOO has no KL in the reward
     )
     assert type(rloo) is RLOOAdvantage and rloo.num_samples == 4
+
+
+def test_every_loss_option_is_a_keyword_of_the_loss():
+    """A new option is a settings field and a keyword of the same name: nothing maps them."""
+    import inspect
+
+    from llmrl.objectives import GRPOLoss
+
+    keywords = set(inspect.signature(GRPOLoss.__init__).parameters)
+    assert set(GRPOLossSettings.model_fields) - {"variant"} <= keywords
+
+
+def test_the_loss_gets_every_option_of_its_section(tiny, tokenizer):
+    from llmrl.objectives import CISPOLoss, build_grpo_loss
+    from llmrl.policies import TransformersWrapper
+
+    config = load_config(
+        GRPOConfig,
+        None,
+        [
+            "data.path=x",
+            "generation.max_new_tokens=96",
+            "loss.variant=cispo",
+            "loss.clip_epsilon=[1.0, 0.28]",
+            "loss.entropy_coeff=0.01",
+            "loss.kl_to_inference_coeff=0.02",
+            "loss.aggregation=sum_norm",
+            "loss.masking_strategy=rlhf",
+            "loss.mismatch={level: sequence, mode: mask, threshold: 3.0}",
+        ],
+    )
+    loss = build_grpo_loss(TransformersWrapper(tiny, tokenizer), config)
+    assert type(loss) is CISPOLoss
+    assert loss.clip_epsilon == (1.0, 0.28)
+    assert (loss.entropy_coeff, loss.kl_to_inference_coeff, loss.kl_to_ref_coeff) == (0.01, 0.02, 0)
+    assert (loss.aggregation, loss.max_length_norm, loss.masking_strategy) == (
+        "sum_norm",
+        96,
+        "rlhf",
+    )
+    assert (loss.mismatch.level, loss.mismatch.mode, loss.mismatch.threshold) == (
+        "sequence",
+        "mask",
+        3.0,
+    )
+    assert loss.tis_cap is None
