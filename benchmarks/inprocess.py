@@ -4,13 +4,13 @@ The GRPO stage runs on the distributed runtime (:class:`llmrl.runtime.GRPORuntim
 engine, env workers and trainer ranks as Ray actors). To time the algorithm itself, without Ray
 and without a second copy of the model, the benchmarks compose the same parts in one process:
 the trainer's model is loaded once and the sampler shares it (no weight copy, so the weight sync
-is a version bump)::
+is a version bump). The step is the runtime's own, :func:`llmrl.runtime.grpo_step.grpo_step`,
+over these parts::
 
-    batch = next(collector)                  # TaskEnv + TransformersWrapper: prompts x G, rewards
-    batch = advantage(batch)                 # MCAdvantage, group-relative
-                                             # (both: DynamicSampler, as the runtime's step)
-    metrics = trainer.train(batch, 1)        # GRPOTrainer: the per-rank loss, backward, AdamW
-    collector.update_policy_weights_()       # InProcessWeightUpdater: version + 1
+    batch = next(collector)                  # collect(): TaskEnv + TransformersWrapper
+    batch = advantage(batch)                 # the DynamicSampler: MCAdvantage, group-relative
+    metrics = trainer.train(batch, 1)        # train(): GRPOTrainer, the per-rank loss, AdamW
+    collector.update_policy_weights_()       # push_weights(): InProcessWeightUpdater, version + 1
 
 ``benchmarks/runtime.py`` compares this with the runtime's step on the same workload (the
 runtime's own cost); ``grpo_step.py``, ``overhead.py`` and ``learning.py`` time this step
@@ -20,7 +20,7 @@ against the peers.
 from __future__ import annotations
 
 import math
-import time
+from collections import deque
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -33,7 +33,8 @@ from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
 from llmrl.objectives import build_advantage
 from llmrl.policies import TransformersWrapper
-from llmrl.runtime.grpo_runtime import rollout_metrics
+from llmrl.runtime.grpo_runtime import VERSION_HISTORY
+from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.train.grpo_trainer import GRPOTrainer
 from llmrl.train.precision import TrainingPrecision
 from llmrl.train.trainable_model import load_trainable_model
@@ -87,43 +88,40 @@ class InProcessGRPO:
         self.minibatches = math.ceil(turns / (config.minibatch_size or turns))
         total_steps = config.steps * config.updates_per_step * self.minibatches
         self.trainer = GRPOTrainer(config, self.model, self.tokenizer, total_steps)
-        self.skipped_steps = 0
-        self.underfilled_steps = 0
+        self._steps = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.trained_versions: deque[tuple[int, list[int]]] = deque(maxlen=VERSION_HISTORY)
         self._batches = iter(self.collector)
 
     def step(self, number: int | None = None) -> tuple[TensorDictBase, dict[str, Any]]:
-        """One GRPO iteration; the batch and the metrics ``GRPORuntime.step`` reports (rollout
-        statistics, dynamic sampling counts, losses, ``generation_seconds``, ``training_seconds``,
-        ``loss_forward_seconds``, ``backward_seconds``, ``optimizer_seconds``,
-        ``weight_sync_seconds``, ``policy_version``, ``tokens_per_second``...)."""
-        tick = time.perf_counter()
-        sampled = self.sampler.sample(lambda _round: next(self._batches))
-        batch, trained = sampled.batch, sampled.trained
-        timings = {"generation_seconds": time.perf_counter() - tick}
-        metrics: dict[str, Any] = {**rollout_metrics(batch), **sampled.metrics}
-        self.underfilled_steps += int(sampled.underfilled)
-        trainer_version = self.collector.policy_version
-        tick = time.perf_counter()
-        if trained is not None and trained.batch_size[0] > 0:
-            result = self.trainer.train(trained, self.minibatches, step=number)
-            self.skipped_steps += int(result.pop("skipped_updates"))
-            metrics.update(result)
-        timings["training_seconds"] = time.perf_counter() - tick
-        tick = time.perf_counter()
+        """One GRPO iteration: :func:`~llmrl.runtime.grpo_step.grpo_step` over these parts; the
+        batch and the metrics ``GRPORuntime.step`` reports (rollout statistics, dynamic sampling
+        counts, losses, ``generation_seconds``, ``training_seconds``, ``loss_forward_seconds``,
+        ``backward_seconds``, ``optimizer_seconds``, ``weight_sync_seconds``,
+        ``policy_version``, ``tokens_per_second``...)."""
+        self._steps += 1
+        return grpo_step(self, self._steps if number is None else number)
+
+    # the parts grpo_step takes (StepParts)
+
+    @property
+    def policy_version(self) -> int:
+        """The version the sampler holds (= optimizer steps taken)."""
+        return self.collector.policy_version
+
+    def collect(self, round_index: int) -> TensorDictBase:
+        """The collector's next batch (every round alike: the sampler is in this process)."""
+        return next(self._batches)
+
+    def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
+        """The per-rank trainer, on the whole batch."""
+        return self.trainer.train(trained, self.minibatches, step=number)
+
+    def push_weights(self) -> Any:
+        """A version bump when the sampler shares the model; the cast weights otherwise."""
         weights = self.precision.export(self.model.state_dict()) if self.precision.casts else None
-        self.collector.update_policy_weights_(weights)
-        timings["weight_sync_seconds"] = time.perf_counter() - tick
-        versions = batch["policy_version"].reshape(-1)
-        metrics.update(
-            timings,
-            skipped_steps=self.skipped_steps,
-            dropped_zero_std_groups=self.advantage.stats.get("dropped_zero_std_groups", 0),
-            underfilled_steps=self.underfilled_steps,
-            policy_version=self.collector.policy_version,
-            staleness=trainer_version - int(versions.min()),
-        )
-        metrics.update(self.collector.metrics())
-        metrics["tokens_per_second"] = metrics["response_tokens"] / max(
-            timings["generation_seconds"], 1e-9
-        )
-        return batch, metrics
+        return self.collector.update_policy_weights_(weights)
+
+    def collector_metrics(self) -> dict[str, float]:
+        """``collector/*``."""
+        return self.collector.metrics()

@@ -13,12 +13,13 @@ Built from a :class:`~llmrl.config.grpo.GRPOConfig` and its :class:`~llmrl.topol
 - **rollouts** (:class:`~llmrl.collectors.AsyncRollouts`): sampling runs in a background
   thread, at most ``max_staleness`` versions ahead (0 in ``sync`` mode).
 
-One :meth:`GRPORuntime.step`::
+Its step is :func:`~llmrl.runtime.grpo_step.grpo_step` over the runtime's parts (the same
+function the in-process composition and the benchmarks call)::
 
-    batch = next(rollouts)                 # prompts x G responses with rewards and versions
-    batch = advantage(batch)               # group-relative, on the whole batch
-    metrics = trainers.train(batch)        # each rank: its groups, loss, backward, step
-    rollouts.update_policy_weights_()      # rank 0 -> engines; version + 1
+    batch = next(rollouts)                 # collect(): prompts x G responses, rewards, versions
+    batch = advantage(batch)               # the sampler: group-relative, on the whole batch
+    metrics = trainers.train(batch)        # train(): each rank its groups, loss, backward, step
+    rollouts.update_policy_weights_()      # push_weights(): rank 0 -> engines; version + 1
 
 With ``advantage.drop_zero_std`` the first two lines are dynamic sampling
 (:class:`~llmrl.collectors.DynamicSampler`): groups without reward signal are dropped and more
@@ -38,19 +39,18 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from tensordict import TensorDictBase
 
 from llmrl.collectors import AsyncRollouts, DynamicSampler, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
 from llmrl.core.config_loading import ConfigError
-from llmrl.core.faults import fault_point
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.objectives import build_advantage
 from llmrl.runtime.engines import inference_actor_options, start_engines
 from llmrl.runtime.env_workers import TaskEnvFactory
+from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.runtime.trainer_group import TrainerGroup
 from llmrl.runtime.weights import TrainerRanksWeightUpdater
 from llmrl.topology import Topology, place_on_ray
@@ -125,7 +125,7 @@ class GRPORuntime:
         self.train_rows = train_rows[: config.data.max_train_rows]
         if not self.train_rows:
             raise ConfigError([f"data.path: {config.data.path}: the train split is empty"])
-        self.counters = {"skipped_steps": 0, "dropped_zero_std_groups": 0, "underfilled_steps": 0}
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.trained_versions: deque[tuple[int, list[int]]] = deque(maxlen=VERSION_HISTORY)
         """(trainer version, the policy_version of every sample the step consumed: trained, or
         dropped by dynamic sampling) of the last steps."""
@@ -250,55 +250,35 @@ class GRPORuntime:
         return self.rollouts.policy_version
 
     def step(self, number: int) -> tuple[TensorDictBase, dict[str, float]]:
-        """One GRPO iteration (step ``number``, 1-based); every row sampled for it (all rounds
-        of dynamic sampling) and the step's metrics, with ``generation_seconds`` (waiting for
-        the batches), ``training_seconds``, ``weight_sync_seconds``, the per-phase times of the
-        ranks and the dynamic-sampling counts (:mod:`llmrl.collectors.dynamic_sampling`)."""
-        fault_point("generate", number)
-        tick = time.perf_counter()
-        sampled = self.sampler.sample(self._collect)
-        batch, trained = sampled.batch, sampled.trained
-        timings = {"generation_seconds": time.perf_counter() - tick}
-        metrics = {**rollout_metrics(batch), **sampled.metrics}
-        self.counters["underfilled_steps"] += int(sampled.underfilled)
-        trainer_version = self.policy_version
-        versions = [int(v) for v in batch["policy_version"].reshape(-1).tolist()]
-        self.trained_versions.append((trainer_version, versions))
-        tick = time.perf_counter()
-        if trained is not None and trained.batch_size[0] > 0:
-            if self.reference is not None:
-                import ray
+        """One GRPO iteration (step ``number``, 1-based): :func:`~llmrl.runtime.grpo_step.
+        grpo_step` over this runtime's parts; every row sampled for it and its metrics."""
+        return grpo_step(self, number)
 
-                trained = ray.get(self.reference.score.remote(trained))
-            ranks = self.trainers.train(trained, number)
-            self.counters["skipped_steps"] += int(ranks.pop("skipped_updates"))
-            metrics.update(ranks)
-        timings["training_seconds"] = time.perf_counter() - tick
-        tick = time.perf_counter()
-        sync = self.rollouts.update_policy_weights_()
-        timings["weight_sync_seconds"] = time.perf_counter() - tick
-        self.counters["dropped_zero_std_groups"] = self.advantage.stats.get(
-            "dropped_zero_std_groups", 0
-        )
-        metrics.update(
-            timings,
-            **self.counters,
-            policy_version=self.policy_version,
-            staleness=trainer_version - min(versions),
-            weight_sync_bytes=float(sync.bytes) if sync is not None else 0.0,
-        )
-        metrics.update(self.rollouts.metrics())  # collector/*: turns, batches, actor restarts
-        metrics["tokens_per_second"] = metrics["response_tokens"] / max(
-            timings["generation_seconds"], 1e-9
-        )
-        return batch, metrics
+    # the parts grpo_step takes (StepParts): the runtime's roles behind them
 
-    def _collect(self, round_index: int) -> TensorDictBase:
+    def collect(self, round_index: int) -> TensorDictBase:
         """The next batch; a resample round (``round_index > 0``) first lets the rollouts draw
         one more batch at this version."""
         if round_index > 0:
             self.rollouts.allow_extra_batch()
         return next(self._iterator)
+
+    def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
+        """The dedicated reference scores the rows (when there is one), then every trainer rank
+        learns from its groups; rank 0's metrics."""
+        if self.reference is not None:
+            import ray
+
+            trained = ray.get(self.reference.score.remote(trained))
+        return self.trainers.train(trained, number)
+
+    def push_weights(self) -> Any:
+        """Rank 0 sends the weights to the engines (between two batches); the push's stats."""
+        return self.rollouts.update_policy_weights_()
+
+    def collector_metrics(self) -> dict[str, float]:
+        """``collector/*``: turns, batches, actor restarts."""
+        return self.rollouts.metrics()
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Checkpoint ``step`` (rank 0 writes weights and optimizer; ``extra`` gains the
@@ -332,24 +312,6 @@ class GRPORuntime:
                 stop()
             except Exception as error:  # keep stopping the rest
                 logger.warning("while shutting the GRPO runtime down: %s", error)
-
-
-def rollout_metrics(batch: TensorDictBase) -> dict[str, float]:
-    """Reward, accuracy and length statistics of a collected batch."""
-    reward = batch["reward"].float()
-    lengths = torch.tensor([len(r) for r in batch["tokens"].as_list("response")], dtype=torch.float)
-    return {
-        "reward_mean": float(reward.mean()),
-        "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
-        "response_length_mean": float(lengths.mean()),
-        "response_tokens": float(lengths.sum()),
-        "accuracy": _mean_or_nan(batch.get("correct", None)),
-        "format_rate": _mean_or_nan(batch.get("formatted", None)),
-    }
-
-
-def _mean_or_nan(values: torch.Tensor | None) -> float:
-    return float(values.float().mean()) if values is not None else math.nan
 
 
 def _kill(actors: list[Any]) -> None:

@@ -1,0 +1,130 @@
+"""`grpo_step`: one GRPO iteration over the parts that compose it, wherever they run.
+
+The same function is the step of :class:`~llmrl.runtime.GRPORuntime` (engines, env workers and
+trainer ranks as Ray actors), of ``benchmarks/inprocess.py``'s ``InProcessGRPO`` (the same parts
+in one process, for timing the algorithm) and so of every benchmark built on either. Each
+composition only builds its :class:`StepParts`; what a step does, and the metrics it reports,
+are here::
+
+    sampled = parts.sampler.sample(parts.collect)   # prompts x G, rewards, advantages (rounds)
+    metrics = parts.train(sampled.trained, number)  # ranks: loss, backward, optimizer step
+    sync = parts.push_weights()                     # trainer -> engines; version + 1
+
+Metrics of a step: the rollout statistics (:func:`rollout_metrics`), dynamic sampling's counts
+(:mod:`llmrl.collectors.dynamic_sampling`), the trainer's (losses, ``grad_norm``, ``lr``,
+per-phase seconds, ``peak_memory_mb``), ``generation_seconds`` (waiting for the batches),
+``training_seconds``, ``weight_sync_seconds``, ``weight_sync_bytes``, the run's counters
+(``skipped_steps``, ``dropped_zero_std_groups``, ``underfilled_steps``), ``policy_version``
+(after the push), ``staleness`` (trainer version - oldest sample's), the collector's
+``collector/*`` and ``tokens_per_second`` (response tokens / generation seconds).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import torch
+from tensordict import TensorDictBase
+
+from llmrl.collectors import DynamicSampler
+from llmrl.core.faults import fault_point
+
+COUNTERS = ("skipped_steps", "dropped_zero_std_groups", "underfilled_steps")
+"""The run's counters every step reports (and checkpoints keep)."""
+
+
+class StepParts(Protocol):
+    """What :func:`grpo_step` needs of a GRPO composition."""
+
+    sampler: DynamicSampler
+    """Draws rounds with :meth:`collect` and sets the advantages (dynamic sampling)."""
+    counters: dict[str, int]
+    """:data:`COUNTERS`, updated by each step."""
+    trained_versions: deque[tuple[int, list[int]]]
+    """(trainer version, every sample's ``policy_version``) of each step, appended by it."""
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the engines hold (= optimizer steps taken)."""
+        ...
+
+    def collect(self, round_index: int) -> TensorDictBase:
+        """The next batch of one round (``round_index`` > 0: a resample round)."""
+        ...
+
+    def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
+        """Learn from the trained rows (``advantage`` set); the trainer's metrics, with
+        ``skipped_updates``."""
+        ...
+
+    def push_weights(self) -> Any:
+        """Send the trainer's weights to the engines (version + 1); the push's
+        ``WeightSyncStats`` (``bytes``), or None."""
+        ...
+
+    def collector_metrics(self) -> dict[str, float]:
+        """The collector's counters (``collector/*``)."""
+        ...
+
+
+def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, float]]:
+    """GRPO step ``number`` (1-based) over ``parts``: every row sampled for it (all rounds of
+    dynamic sampling) and the step's metrics (see the module docstring)."""
+    fault_point("generate", number)
+    tick = time.perf_counter()
+    sampled = parts.sampler.sample(parts.collect)  # engines decode: most of a CPU step
+    batch, trained = sampled.batch, sampled.trained
+    seconds = {"generation_seconds": time.perf_counter() - tick}
+    metrics = {**rollout_metrics(batch), **sampled.metrics}
+    counters = parts.counters
+    counters["underfilled_steps"] += int(sampled.underfilled)
+    trainer_version = parts.policy_version  # the weights being trained: before this step's push
+    versions = [int(v) for v in batch["policy_version"].reshape(-1).tolist()]
+    parts.trained_versions.append((trainer_version, versions))
+
+    tick = time.perf_counter()
+    if trained is not None and trained.batch_size[0] > 0:  # forward, backward, optimizer step
+        result = parts.train(trained, number)
+        counters["skipped_steps"] += int(result.pop("skipped_updates"))
+        metrics.update(result)
+    seconds["training_seconds"] = time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    sync = parts.push_weights()  # the whole model, trainer -> every engine
+    seconds["weight_sync_seconds"] = time.perf_counter() - tick
+
+    stats = parts.sampler.advantage.stats
+    counters["dropped_zero_std_groups"] = int(stats.get("dropped_zero_std_groups", 0))
+    metrics.update(
+        seconds,
+        **counters,
+        policy_version=parts.policy_version,
+        staleness=trainer_version - min(versions),
+        weight_sync_bytes=float(sync.bytes) if sync is not None else 0.0,
+    )
+    metrics.update(parts.collector_metrics())
+    metrics["tokens_per_second"] = metrics["response_tokens"] / max(
+        seconds["generation_seconds"], 1e-9
+    )
+    return batch, metrics
+
+
+def rollout_metrics(batch: TensorDictBase) -> dict[str, float]:
+    """Reward, accuracy and length statistics of a collected batch."""
+    reward = batch["reward"].float()
+    lengths = torch.tensor([len(r) for r in batch["tokens"].as_list("response")], dtype=torch.float)
+    return {
+        "reward_mean": float(reward.mean()),
+        "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
+        "response_length_mean": float(lengths.mean()),
+        "response_tokens": float(lengths.sum()),
+        "accuracy": _mean_or_nan(batch.get("correct", None)),
+        "format_rate": _mean_or_nan(batch.get("formatted", None)),
+    }
+
+
+def _mean_or_nan(values: torch.Tensor | None) -> float:
+    return float(values.float().mean()) if values is not None else math.nan

@@ -1,0 +1,108 @@
+"""`grpo_step` over stand-in parts (no model, no Ray): the metrics every composition reports, the
+counters, the staleness and the versions it records."""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from llmrl.collectors import DynamicSampler
+from llmrl.data import Tokens
+from llmrl.objectives import MCAdvantage
+from llmrl.runtime.grpo_step import COUNTERS, grpo_step
+from tests.train.test_grpo import ROLLOUT_METRICS
+
+G, PROMPTS = 2, 2
+
+STEP_METRICS = {*ROLLOUT_METRICS, "weight_sync_bytes"}
+"""What ``GRPORuntime.step`` and ``InProcessGRPO.step`` both report (the trainer's own metrics
+and ``collector/*`` besides): the MLflow dashboards and the stage read these names."""
+
+
+def batch_of(
+    responses: list[list[int]], rewards: list[float], version: int, first_group: int = 0
+) -> TensorDict:
+    """Rows of whole groups of G: response tokens, rewards, the sampling version."""
+    rows = len(responses)
+    return TensorDict(
+        {
+            "tokens": Tokens.from_sequences(
+                prompt=[torch.tensor([1, 2])] * rows,
+                response=[torch.tensor(r) for r in responses],
+            ),
+            "reward": torch.tensor(rewards),
+            "group_id": first_group + torch.arange(rows) // G,
+            "policy_version": torch.full((rows,), version),
+        },
+        batch_size=[rows],
+    )
+
+
+class FakeParts:
+    """A composition whose engines answer fixed responses, trainer reports a loss, and push moves
+    the version (optionally lagging by ``lag`` versions, as async sampling does)."""
+
+    def __init__(self, lag: int = 0) -> None:
+        self.sampler = DynamicSampler(MCAdvantage(G), PROMPTS, 0)
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.trained_versions: deque[tuple[int, list[int]]] = deque()
+        self.version, self.lag = 0, lag
+        self.trained: list[tuple[TensorDictBase, int]] = []
+        self.sync = SimpleNamespace(bytes=1234)
+        self.batches = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    def collect(self, round_index: int) -> TensorDictBase:
+        responses = [[5, 6, 7], [5], [8, 9], [9, 9, 9, 9]]
+        version = max(0, self.version - self.lag)
+        self.batches += 1
+        return batch_of(responses, [0.0, 1.0, 1.0, 1.0], version, PROMPTS * self.batches)
+
+    def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
+        self.trained.append((trained, number))
+        return {"loss": 0.5, "skipped_updates": 1.0}
+
+    def push_weights(self) -> Any:
+        self.version += 1
+        return self.sync
+
+    def collector_metrics(self) -> dict[str, float]:
+        return {"collector/turns": 4.0}
+
+
+def test_a_step_reports_every_metric_and_moves_the_counters():
+    parts = FakeParts()
+    batch, metrics = grpo_step(parts, 1)
+    assert STEP_METRICS | {"loss", "collector/turns"} == set(metrics)
+    assert batch.batch_size[0] == 4
+    [(trained, number)] = parts.trained
+    assert number == 1 and trained.get("advantage").shape[0] == 4
+    assert metrics["response_tokens"] == 10 and metrics["response_length_mean"] == 2.5
+    assert metrics["reward_mean"] == 0.75
+    assert metrics["skipped_steps"] == 1 and parts.counters["skipped_steps"] == 1
+    assert metrics["policy_version"] == 1 and metrics["staleness"] == 0
+    assert metrics["weight_sync_bytes"] == 1234.0
+    assert metrics["tokens_per_second"] == pytest.approx(10 / metrics["generation_seconds"])
+    assert list(parts.trained_versions) == [(0, [0, 0, 0, 0])]
+
+
+def test_staleness_is_the_trainer_version_minus_the_oldest_sample():
+    parts = FakeParts(lag=1)
+    steps = [grpo_step(parts, number)[1] for number in (1, 2, 3)]
+    assert [m["staleness"] for m in steps] == [0, 1, 1]
+    assert [m["skipped_steps"] for m in steps] == [1, 2, 3]  # a run's counter, not a step's
+    assert [t for t, _ in parts.trained_versions] == [0, 1, 2]
+
+
+def test_a_step_without_a_push_reports_no_bytes():
+    parts = FakeParts()
+    parts.sync = None
+    assert grpo_step(parts, 1)[1]["weight_sync_bytes"] == 0.0
