@@ -51,6 +51,7 @@ TARGET_DECODE = 5.0  # llmrl tokens/s / raw generate's
 TARGET_STEP = 0.5  # llmrl GRPO step time / TRL's
 TARGET_MEMORY = 1.0  # llmrl peak GPU memory / TRL's
 VOWELS = frozenset("aeiouAEIOU")
+PHASES = ("generation", "training", "weight sync")  # llmrl's step, timed and measured apart
 
 # Qwen2.5-0.5B's shape (vocabulary: the tokenizer's)
 QWEN_05B = {
@@ -88,6 +89,12 @@ def main() -> None:
     parser.add_argument("--trl-python", default=sys.executable, help="a Python with trl")
     parser.add_argument("--no-trl", action="store_true", help="skip TRL's GRPO step")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (default 2)")
+    parser.add_argument(
+        "--eager-decode",
+        action="store_true",
+        help="llmrl samples with its eager decode loop instead of the compiled static-KV decode "
+        "(what the compiled decode's CUDA graphs and static cache cost in memory)",
+    )
     parser.add_argument("--trl-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_worker is not None:
@@ -102,6 +109,7 @@ def main() -> None:
         "new_tokens": 8 if smoke else 256,
         "lr": 1e-6,
         "reps": args.reps or (1 if smoke else 2),
+        "compile_decode": False if args.eager_decode else None,  # None: the default (CUDA: on)
     }
     if device == "cpu" and not smoke:
         sys.exit("no CUDA device: run with --smoke on a CPU")
@@ -196,7 +204,12 @@ def measure_decode(model_dir: Path, device: str, sizes: dict) -> dict[str, Any]:
     model = build_model(model_dir, torch.bfloat16, device)
     prompts, new_tokens = sizes["decode_prompts"], sizes["new_tokens"]
     batch = _chats_batch(prompts)
-    policy = TransformersWrapper(model, tokenizer, generate_kwargs={"max_new_tokens": new_tokens})
+    policy = TransformersWrapper(
+        model,
+        tokenizer,
+        generate_kwargs={"max_new_tokens": new_tokens},
+        compile_decode=sizes["compile_decode"],
+    )
     ids = History.from_chats(rollout_chats(prompts)).apply_chat_template(
         tokenizer, add_generation_prompt=True
     )
@@ -310,6 +323,7 @@ def measure_llmrl_grpo(model_dir: Path, device: str, sizes: dict) -> dict[str, A
         tokenizer,
         num_samples=config.num_samples,
         generate_kwargs=config.generation.as_kwargs(),
+        compile_decode=sizes["compile_decode"],
     )
     advantage = build_advantage(config, trajectory_key=None)
     trainer = GRPOTrainer(config, trainable, tokenizer, total_steps=config.steps)
@@ -317,7 +331,10 @@ def measure_llmrl_grpo(model_dir: Path, device: str, sizes: dict) -> dict[str, A
     groups = iter(range(1_000_000))  # a fresh group id per prompt of every step
 
     def step(seed: int) -> dict[str, float]:
-        phases = {}
+        # each phase's peak is measured on its own (the step's peak is their maximum), and the
+        # memory held when the step starts (masters, AdamW state, the engine copy, caches) apart
+        phases: dict[str, float] = {"resident MiB": _allocated_mb(device)}
+        reset_peak_memory(device)
         tick = time.perf_counter()
         kwargs = config.generation.as_kwargs(seed=seed)
         with torch.no_grad():
@@ -329,29 +346,39 @@ def measure_llmrl_grpo(model_dir: Path, device: str, sizes: dict) -> dict[str, A
         batch = advantage(out)
         _synchronize(device)
         phases["generation"] = time.perf_counter() - tick
+        phases["generation peak MiB"] = peak_memory_mb(device)
+        reset_peak_memory(device)
         tick = time.perf_counter()
         metrics = trainer.train(batch, 1) if batch is not None else {}
         _synchronize(device)
         phases["training"] = time.perf_counter() - tick
+        phases["training peak MiB"] = peak_memory_mb(device)
+        reset_peak_memory(device)
         tick = time.perf_counter()
         with torch.no_grad():
             engine.load_state_dict(precision.export(trainable.state_dict()))
         _synchronize(device)
         phases["weight sync"] = time.perf_counter() - tick
-        return {**phases, "trained_rows": 0 if batch is None else batch.batch_size[0], **metrics}
+        phases["weight sync peak MiB"] = peak_memory_mb(device)
+        trained = 0 if batch is None else batch.batch_size[0]
+        return {**phases, "trained_rows": trained, **metrics}
 
     step(10_000)  # warm-up: compiles the decode step for this batch
     steps = []
     for rep in range(sizes["reps"]):
-        reset_peak_memory(device)
         tick = time.perf_counter()
         result = step(rep)
         result["seconds"] = time.perf_counter() - tick
-        result["peak_memory_mb"] = peak_memory_mb(device)
+        result["peak_memory_mb"] = max(result[f"{p} peak MiB"] for p in PHASES)
         steps.append(result)
         print(f"llmrl GRPO step {rep + 1}: {result['seconds']:.2f} s", flush=True)
     _release(device)
-    return _step_summary(steps, ("generation", "training", "weight sync"))
+    return _step_summary(steps, (*PHASES, "resident MiB", *(f"{p} peak MiB" for p in PHASES)))
+
+
+def _allocated_mb(device: str) -> float:
+    """MiB held by live tensors on ``device`` right now (CUDA; 0 elsewhere)."""
+    return torch.cuda.memory_allocated(device) / 2**20 if device == "cuda" else 0.0
 
 
 def _step_summary(steps: list[dict[str, float]], phases: tuple[str, ...]) -> dict[str, Any]:

@@ -37,7 +37,10 @@ def test_smoke_run_reports_decode_and_the_llmrl_grpo_step(results):
         assert medians["tokens_per_second"] > 0 and medians["tokens"] > 0
     step = results["contenders"]["llmrl GRPO step"]["medians"]
     assert step["seconds"] > 0 and step["peak_memory_mb"] > 0
-    assert set(step["phases"]) == {"generation", "training", "weight sync"}
+    phases = ("generation", "training", "weight sync")
+    assert set(step["phases"]) == {*phases, "resident MiB", *(f"{p} peak MiB" for p in phases)}
+    # the step's peak is its worst phase's (each phase measured on its own; on CPU: peak RSS)
+    assert step["peak_memory_mb"] >= max(step["phases"][f"{p} peak MiB"] for p in phases) > 0
     (decode,) = [f for f in results["figures"] if f["what"].startswith("decode tokens/s")]
     assert decode["ratio"] > 0 and decode["peer"]["value"] > 0
 
