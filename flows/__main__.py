@@ -150,10 +150,11 @@ def where_to_look(summary: Mapping[str, Any], flow_run_id: str | None) -> list[s
     mlflow = summary["mlflow"]
     lines = ["Look at the run:"]
     if mlflow["tracking_uri"].startswith(("http://", "https://")):
-        lines.append(f"  MLflow:  {mlflow['parent_link']}")
+        lines.append(f"  MLflow:  {mlflow['runs_link']}")
     else:
         lines.append(f"  MLflow:  mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
-        lines.append(f"           then {mlflow['parent_link']}")
+        lines.append(f"           then {mlflow['runs_link']}")
+    lines.append(f"           pipeline run: {mlflow['parent_link']}")
     url = flow_run_url(flow_run_id) or "the flow run"
     if settings.ui_url:
         lines.append(f"  Prefect: {url}")

@@ -98,6 +98,7 @@ def build_summary(
             "experiment_id": tracking.experiment_id,
             "parent_run_id": tracking.run_id,
             "parent_link": tracking.link(tracking.run_id),
+            "runs_link": tracking.runs_link(),
         },
         "stages": stages,
         "evaluation": evaluation,
@@ -114,7 +115,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         f"# llmrl pipeline `{summary['flow_run']}`",
         "",
         f"MLflow parent run [{mlflow['parent_run_id']}]({mlflow['parent_link']}) in experiment "
-        f"`{mlflow['experiment']}` (`{mlflow['tracking_uri']}`).",
+        f"[`{mlflow['experiment']}`]({mlflow['runs_link']}) (`{mlflow['tracking_uri']}`).",
         f"Work dir: `{summary['work_dir']}`.",
         "",
         "## Held-out accuracy",

@@ -4,12 +4,13 @@ shows it.
 - **Artifacts beside a SQLite store**: an experiment created on ``sqlite:///<dir>/mlflow.db``
   keeps its artifacts in ``<dir>/mlruns/<experiment>`` (MLflow would use ``./mlruns`` of whatever
   directory the creating process ran in); other stores use the server's default.
-- **Experiment kind**: MLflow 3's UI picks an experiment's layout from the experiment tag
-  ``mlflow.experimentKind`` (:data:`EXPERIMENT_KIND_TAG`): ``genai_development`` opens on traces,
-  ``custom_model_development`` (:data:`EXPERIMENT_KIND`, "Machine learning" in its selector) on
-  runs, metrics and models, which is what a training experiment wants. The tag is set when the
-  experiment is created, and on an existing experiment that has none; a kind someone chose in
-  the UI is kept.
+- **Experiment kind**: the experiment tag ``mlflow.experimentKind`` (:data:`EXPERIMENT_KIND_TAG`)
+  records what an experiment holds: ``genai_development`` (traces) or
+  ``custom_model_development`` (:data:`EXPERIMENT_KIND`: runs, metrics and models, what a training
+  experiment holds). The tag is set when the experiment is created, and on an existing experiment
+  that has none; a kind someone chose is kept. MLflow 3.17's UI does not pick its view from this
+  tag but from the ``workflowType`` URL parameter, which every link llmrl prints carries
+  (:mod:`llmrl.tracking.links`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 from llmrl.tracking.client import mlflow_client
 from llmrl.tracking.datasets import DatasetRef, send_inputs
 from llmrl.tracking.experiments import get_or_create_experiment
-from llmrl.tracking.links import run_url, ui_base
+from llmrl.tracking.links import run_url, runs_url, ui_base
 from llmrl.tracking.spool import send_metrics, send_params, send_tags
 from llmrl.tracking.tracker import PARENT_RUN_ENV, SPOOL_DIR_ENV, flatten_params
 
@@ -101,6 +101,11 @@ class PipelineRun:
     def link(self, run_id: str | None) -> str | None:
         """The UI address of run ``run_id`` of this experiment (None for None)."""
         return run_url(self.ui_url, self.experiment_id, run_id) if run_id else None
+
+    def runs_link(self) -> str:
+        """The UI address of this experiment's runs table, in the model-training view (the
+        parent run on top, newest first, its stage runs nested under it)."""
+        return runs_url(self.ui_url, self.experiment_id)
 
     def stage_env(self, spool_dir: str | Path) -> dict[str, str]:
         """The environment a stage process needs to nest its run under this one."""

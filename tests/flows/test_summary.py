@@ -122,10 +122,22 @@ def test_terminal_table(summary) -> None:
     assert "correct/total greedy answers per problem kind" in legend
     report = format_report(summary, None)  # what `python -m flows` prints
     assert "\n".join(lines) in report and "Wall time per stage" in report
+    # the MLflow links open the model-training view's runs table and the parent run
+    assert "\n  MLflow:  mlflow ui --backend-store-uri sqlite:////x/mlflow.db\n" in report
+    assert (
+        "\n           then http://mlflow:5000/#/experiments/1/runs?workflowType=machine_learning\n"
+        "           pipeline run: "
+        "http://mlflow:5000/#/experiments/1/runs/parent123?workflowType=machine_learning\n"
+    ) in report
 
 
 def test_markdown_and_table_artifacts(summary) -> None:
     markdown = render_markdown(summary)
+    assert (
+        "MLflow parent run [parent123]"
+        "(http://mlflow:5000/#/experiments/1/runs/parent123?workflowType=machine_learning) in "
+        "experiment [`llmrl`](http://mlflow:5000/#/experiments/1/runs?workflowType=machine_learning)"
+    ) in markdown
     for row in [
         "| model | accuracy | problems | gain vs previous [95% CI] | McNemar p | \\* | + | - |",
         "| base model | 0.000 | 4 | - | - | 0/1 | 0/2 | 0/1 |",

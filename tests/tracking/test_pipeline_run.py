@@ -69,6 +69,11 @@ def test_parent_run_on_sqlite(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None
     assert parent.ui_url == "http://127.0.0.1:5000"
     assert parent.link(parent.run_id) == (
         f"http://127.0.0.1:5000/#/experiments/{parent.experiment_id}/runs/{parent.run_id}"
+        "?workflowType=machine_learning"
+    )
+    assert parent.runs_link() == (
+        f"http://127.0.0.1:5000/#/experiments/{parent.experiment_id}/runs"
+        "?workflowType=machine_learning"
     )
     assert parent.link(None) is None
     monkeypatch.setenv("LLMRL_MLFLOW_UI_URL", "https://mlflow.example.org/")
