@@ -25,7 +25,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from llmrl.collectors import DynamicSampler, InProcessWeightUpdater, LLMCollector
+from llmrl.collectors import DynamicSampler, LLMCollector
 from llmrl.config.grpo import GRPOConfig
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
@@ -38,6 +38,7 @@ from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.train.grpo_trainer import GRPOTrainer
 from llmrl.train.precision import TrainingPrecision
 from llmrl.train.trainable_model import load_trainable_model
+from llmrl.transports import InProcessWeightUpdater
 
 
 class InProcessGRPO:

@@ -3,7 +3,7 @@
 The GRPO runtime pushes the trainer's state dict to the inference actors after every step
 through Ray's object store. Pickled as torch tensors, every tensor is copied into a byte string
 by ``torch.save`` and parsed back in the actor; as a
-:class:`~llmrl.collectors.packed_weights.PackedStateDict` the arrays are written into shared
+:class:`~llmrl.transports.packed_weights.PackedStateDict` the arrays are written into shared
 memory once and read in place (and a tied embedding is sent once). Both forms are pushed
 alternately into the same actor (put + the actor's ``load_state_dict``), SmolLM2-135M in
 float32; the ratio is packed / tensors (lower is better).
@@ -22,8 +22,8 @@ import time
 import torch
 from harness import figure, measure, peak_rss_mb, print_table, save_results
 
-from llmrl.collectors.packed_weights import PackedStateDict
 from llmrl.models import load_model
+from llmrl.transports.packed_weights import PackedStateDict
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # (name, its packages), bottom up
         ("models", "topology", "config", "data", "tracking", "eval"),
     ),
     ("policies, envs, objectives", ("policies", "envs", "objectives")),
-    ("collectors, transports, per-rank training", ("collectors", "train")),
+    ("collectors, transports, per-rank training", ("transports", "collectors", "train")),
     ("runtime", ("runtime",)),
     ("stages and CLI", ("stages", "cli")),
 ]

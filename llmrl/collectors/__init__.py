@@ -5,9 +5,10 @@ Layer 3 (collectors, transports, per-rank training): imports layers 0-2.
 - :class:`LLMCollector`: one env and one policy in this process;
 - :class:`RayLLMCollector`: env workers and inference actors on Ray (the ``local`` extra);
 - :class:`AsyncRollouts`: any collector in a background thread, at most ``max_staleness``
-  policy versions ahead of the trainer;
-- weight updaters (:class:`WeightUpdater` and its implementations) push trainer weights to the
-  inference policies.
+  policy versions ahead of the trainer.
+
+Weights reach the inference policies through a weight transport (:mod:`llmrl.transports`),
+whose ``version`` is the policy version a collector reports.
 
 Importing this package does not import Ray (or vLLM): they are imported when first used.
 """
@@ -22,13 +23,6 @@ from llmrl.collectors.llm_collector import (
     TrajectoryRunner,
 )
 from llmrl.collectors.ray_collector import EnvWorker, InferenceActor, RayLLMCollector
-from llmrl.collectors.weight_sync import (
-    InProcessWeightUpdater,
-    RayObjectStoreWeightUpdater,
-    VLLMNCCLWeightUpdater,
-    WeightSyncStats,
-    WeightUpdater,
-)
 
 __all__ = [
     "AsyncRollouts",
@@ -36,15 +30,10 @@ __all__ = [
     "CollectorBase",
     "DynamicSampler",
     "EnvWorker",
-    "InProcessWeightUpdater",
     "InferenceActor",
     "LLMCollector",
     "RayLLMCollector",
-    "RayObjectStoreWeightUpdater",
     "SampledStep",
     "StepResult",
     "TrajectoryRunner",
-    "VLLMNCCLWeightUpdater",
-    "WeightSyncStats",
-    "WeightUpdater",
 ]

@@ -51,9 +51,9 @@ from llmrl.envs.transforms.data_loading_primer import DataLoadingPrimer
 from llmrl.envs.transforms.policy_version import PolicyVersion
 
 if TYPE_CHECKING:
-    from llmrl.collectors.weight_sync import WeightSyncStats, WeightUpdater
     from llmrl.data.replay import ReplayBuffer
     from llmrl.envs.chat_env import ChatEnv
+    from llmrl.transports.weights import WeightSyncStats, WeightUpdater
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ Who calls whom:
   one model call. It stamps ``policy_version``: the version of the weights that replied.
 
 Weights go from the driver to the inference actors through a
-:class:`~llmrl.collectors.weight_sync.WeightUpdater` (default: the Ray object store).
+:class:`~llmrl.transports.WeightUpdater` (default: the Ray object store).
 
 **Faults.** An actor whose process dies mid-batch (killed, out of memory) is rebuilt by the
 driver, and the batch completes:
@@ -73,16 +73,18 @@ from llmrl.collectors.llm_collector import (
     TrajectoryRunner,
     find_version_transform,
 )
-from llmrl.collectors.packed_weights import PackedStateDict
-from llmrl.collectors.weight_sync import RayObjectStoreWeightUpdater
 from llmrl.core.ray_helpers import import_ray
+from llmrl.core.weights_checksum import verify_checksum, weights_checksum
+from llmrl.transports.object_store import RayObjectStoreWeightUpdater
+from llmrl.transports.packed_weights import PackedStateDict
+from llmrl.transports.weights import held_weights
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
 
-    from llmrl.collectors.weight_sync import WeightUpdater
     from llmrl.data.replay import ReplayBuffer
     from llmrl.envs.chat_env import ChatEnv
+    from llmrl.transports.weights import WeightUpdater
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,7 @@ class InferenceActor:
         self._gate = threading.Condition()
         self._active = 0
         self._loading = False
+        self._receiver: Any = None
 
     def ready(self) -> bool:
         """True once the policy is built (wait on it to surface construction errors)."""
@@ -138,22 +141,59 @@ class InferenceActor:
             return self._scorer(td)
 
     def load_state_dict(
-        self, state_dict: dict[str, torch.Tensor] | PackedStateDict, version: int | None = None
-    ) -> int:
+        self,
+        state_dict: dict[str, torch.Tensor] | PackedStateDict,
+        version: int | None = None,
+        checksum: str | None = None,
+    ) -> str:
         """Load a trainer state dict (or its packed form) into the policy:
         ``model.load_state_dict`` for a transformers policy, ``load_weights`` for a vLLM one.
-        Returns the new version."""
+
+        With ``checksum`` (the sender's), the weights are checked first and refused on a
+        mismatch (:class:`~llmrl.core.weights_checksum.WeightChecksumError`, nothing loaded).
+        Returns the checksum of the weights the policy then holds (a transformers policy: its
+        state dict under the names loaded; a vLLM one: the checksum its engines verified).
+        """
         if isinstance(state_dict, PackedStateDict):
             state_dict = state_dict.unpack()
+        received = verify_checksum(state_dict, checksum, "inference actor")
+        return self._load(state_dict, version, received)
+
+    def join_weight_group(
+        self,
+        address: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+    ) -> None:
+        """Join the trainer's weight broadcast group as ``rank`` (returns once all have)."""
+        from llmrl.transports.broadcast import BroadcastReceiver, WeightBroadcastGroup
+
+        group = WeightBroadcastGroup(address, port, rank, world_size, backend, timeout_s=timeout_s)
+        self._receiver = BroadcastReceiver(group, f"inference actor (broadcast rank {rank})")
+
+    def receive_weights(self) -> str:
+        """Receive the next broadcast push (call it before the trainer sends), check it, load
+        it; the checksum of the weights then held (as :meth:`load_state_dict`)."""
+        if self._receiver is None:
+            raise RuntimeError("receive_weights needs join_weight_group first")
+        received = self._receiver.receive()
+        return self._load(received.state, received.version, received.checksum)
+
+    def _load(self, state_dict: dict[str, torch.Tensor], version: int | None, checksum: str) -> str:
         with self._exclusive():
             if callable(getattr(self.policy, "load_weights", None)):
-                self.policy.load_weights(state_dict.items(), version=version)
+                self.policy.load_weights(state_dict.items(), version=version, checksum=checksum)
+                held = checksum  # verified by the engines before loading
             else:
                 with torch.no_grad():
                     self.policy.model.load_state_dict(state_dict)
+                held = weights_checksum(held_weights(self.policy.model, state_dict))
             if version is not None:
                 self.version = int(version)
-        return self.version
+        return held
 
     def set_version(self, version: int) -> None:
         """Record the version of weights loaded by other means (NCCL broadcasts)."""

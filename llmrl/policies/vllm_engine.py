@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from llmrl.core.errors import MissingExtraError
+from llmrl.core.weights_checksum import combine_entries, verify_checksum
 from llmrl.data.datasets import sha256_file
 from llmrl.policies import vllm_file_transfer
 from llmrl.policies.vllm_worker_extension import WORKER_EXTENSION
@@ -118,6 +119,8 @@ class VLLMEngine:
         self.model = str(options["model"])
         self.llm: vllm.LLM = vllm.LLM(**options)
         self.weight_folder: str | None = None
+        self._broadcast_entries: list[tuple[str, str, tuple[int, ...], int]] = []
+        self.broadcast_version: int | None = None
 
     @classmethod
     def from_llm(cls, llm: vllm.LLM) -> VLLMEngine:
@@ -131,6 +134,7 @@ class VLLMEngine:
         engine.llm = llm
         engine.on_cpu = vllm_on_cpu()
         engine.weight_folder = None
+        engine._broadcast_entries, engine.broadcast_version = [], None
         config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
         engine.model = str(getattr(config, "model", "vllm.LLM"))
         return engine
@@ -203,16 +207,25 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights
     def load_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        checksum: str | None = None,
     ) -> int:
         """Load ``(name, tensor)`` pairs (Hugging Face names, any subset of the model) through
         vLLM's weight-transfer API, then drop the prefix cache (its KV entries were computed
         with the old weights); the bytes written.
 
-        The tensors go into a safetensors file on this node (``/dev/shm`` when there is one)
-        that every worker reads onto its device and checks against its SHA-256; ``version``
-        becomes the engine's :meth:`weight_version`.
+        With ``checksum`` (the sender's :func:`~llmrl.core.weights_checksum.weights_checksum`)
+        the tensors are checked first and refused on a mismatch
+        (:class:`~llmrl.core.weights_checksum.WeightChecksumError`, the model untouched). They
+        go into a safetensors file on this node (``/dev/shm`` when there is one) that every
+        worker reads onto its device and checks against its SHA-256; ``version`` becomes the
+        engine's :meth:`weight_version`.
         """
+        named_tensors = list(named_tensors)
+        if checksum is not None:
+            verify_checksum(dict(named_tensors), checksum, f"vLLM engine {self.model!r}")
         path = vllm_file_transfer.write_weights(named_tensors, self.weight_folder)
         try:
             update = {"path": str(path), "sha256": sha256_file(path)}
@@ -247,13 +260,27 @@ class VLLMEngine:
             "init_weight_update_group", args=(master_address, master_port, rank_offset, world_size)
         )
 
-    def update_weight_from_broadcast(self, name: str, dtype_name: str, shape: list[int]) -> None:
-        """Have every worker receive one tensor broadcast by the trainer and load it (returns
-        after the trainer's matching ``broadcast``, so call it like
-        :meth:`init_weight_update_group`)."""
+    def update_weight_from_broadcast(
+        self, name: str, dtype_name: str, shape: list[int], fingerprint: int | None = None
+    ) -> None:
+        """Have every worker receive one tensor broadcast by the trainer, check it against
+        ``fingerprint`` (:func:`~llmrl.core.weights_checksum.tensor_fingerprint`; a mismatch
+        is refused) and load it (returns after the trainer's matching ``broadcast``, so call it
+        like :meth:`init_weight_update_group`)."""
         self.llm.collective_rpc(
-            "update_weight_from_broadcast", args=(name, dtype_name, list(shape))
+            "update_weight_from_broadcast", args=(name, dtype_name, list(shape), fingerprint)
         )
+        if fingerprint is not None:
+            self._broadcast_entries.append((name, dtype_name, tuple(shape), int(fingerprint)))
+
+    def finish_broadcast_update(self, version: int | None = None) -> str:
+        """End a broadcast update: drop the prefix cache and return the checksum of the
+        tensors received since the last one, as their fingerprints were checked
+        (:func:`~llmrl.core.weights_checksum.combine_entries`)."""
+        entries, self._broadcast_entries = self._broadcast_entries, []
+        self.reset_prefix_cache()
+        self.broadcast_version = version
+        return combine_entries(entries)
 
     def close(self) -> None:
         """Stop the engine's processes (its engine core and workers); the engine is unusable

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from llmrl.core.weights_checksum import WeightChecksumError, tensor_fingerprint
+
 WORKER_EXTENSION = "llmrl.policies.vllm_worker_extension.WeightSyncWorkerExtension"
 """The dotted name to pass to vLLM as ``worker_extension_cls``."""
 
@@ -66,9 +68,11 @@ class WeightSyncWorkerExtension:
         self._weight_update_comm = PyNcclCommunicator(group, device=self.device)
 
     def update_weight_from_broadcast(
-        self, name: str, dtype_name: str, shape: Sequence[int]
+        self, name: str, dtype_name: str, shape: Sequence[int], fingerprint: int | None = None
     ) -> None:
-        """Receive one tensor broadcast by rank 0 of the weight-update group and load it.
+        """Receive one tensor broadcast by rank 0 of the weight-update group and load it,
+        once its :func:`~llmrl.core.weights_checksum.tensor_fingerprint` matches
+        ``fingerprint`` (when given; a mismatch raises and the tensor is not loaded).
 
         ``dtype_name`` is a torch dtype name (``"bfloat16"`` or ``"torch.bfloat16"``).
         """
@@ -80,6 +84,11 @@ class WeightSyncWorkerExtension:
             )
         weight = torch.empty(list(shape), dtype=_dtype(dtype_name), device=self.device)
         comm.broadcast(weight, src=0, stream=torch.cuda.current_stream())
+        if fingerprint is not None and tensor_fingerprint(weight) != int(fingerprint):
+            raise WeightChecksumError(
+                f"vLLM worker: tensor {name!r} arrived with another fingerprint than the "
+                "trainer sent; refused (not loaded)"
+            )
         self.model_runner.model.load_weights(weights=[(name, weight)])
         del weight
 

@@ -153,12 +153,17 @@ class vLLMWrapper(LLMWrapperBase):
 
     # ------------------------------------------------------------------ weights
     def load_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int | None = None,
+        checksum: str | None = None,
     ) -> None:
         """Push ``(name, tensor)`` pairs (Hugging Face names) into every engine, as ``version``.
 
-        Each engine loads them into all its workers (vLLM's weight-transfer API) and drops its
-        prefix cache. Ray engines share one CPU copy put in the object store once.
+        Each engine checks the tensors against ``checksum`` when given (the sender's
+        :func:`~llmrl.core.weights_checksum.weights_checksum`; a mismatch is refused), loads
+        them into all its workers (vLLM's weight-transfer API) and drops its prefix cache. Ray
+        engines share one CPU copy put in the object store once.
         """
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         shared = None
@@ -166,9 +171,14 @@ class vLLMWrapper(LLMWrapperBase):
             import ray
 
             shared = ray.put([(name, tensor.cpu()) for name, tensor in weights])
+        extra = () if checksum is None else (checksum,)
         self._call_each(
             [
-                (engine, "load_weights", (shared if _is_ray_actor(engine) else weights, version))
+                (
+                    engine,
+                    "load_weights",
+                    (shared if _is_ray_actor(engine) else weights, version, *extra),
+                )
                 for engine in self._engines
             ]
         )

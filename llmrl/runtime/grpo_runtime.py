@@ -197,6 +197,7 @@ class GRPORuntime:
             self.collector.inference_actors,
             engines.vllm_engines,
             topology.inference.tensor_parallel_size,
+            topology.weight_transport,
         )
         self.collector.weight_updater = TrainerRanksWeightUpdater(self.trainers)
         self.reference = None

@@ -25,6 +25,7 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.objectives.grouping import group_slices
 from llmrl.runtime.trainer_rank import TrainerRank
 from llmrl.topology import Placement, Topology
+from llmrl.transports.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +98,22 @@ class TrainerGroup:
         )
 
     def connect_engines(
-        self, inference_actors: list[Any], vllm_engines: list[Any], ranks_per_engine: int
+        self,
+        inference_actors: list[Any],
+        vllm_engines: list[Any],
+        ranks_per_engine: int,
+        transport: str = "auto",
     ) -> None:
-        """Give rank 0 the engines it pushes weights to."""
-        self._all("connect_engines", inference_actors, vllm_engines, ranks_per_engine, ranks=[0])
+        """Give rank 0 the engines it pushes weights to, over ``transport``
+        (``topology.weight_transport``)."""
+        self._all(
+            "connect_engines",
+            inference_actors,
+            vllm_engines,
+            ranks_per_engine,
+            transport,
+            ranks=[0],
+        )
 
     def train(self, batch: TensorDictBase, step: int) -> dict[str, float]:
         """Train every rank on its groups of ``batch`` (advantages set); rank 0's metrics,
@@ -113,9 +126,9 @@ class TrainerGroup:
         refs = [getattr(self.ranks[r], m).remote(*a) for m, a, r in calls]
         return self._wait(refs, "train", stop_on_error=True)[0]
 
-    def push_weights(self, version: int) -> int:
-        """Every rank sends its part of the weights; bytes that reached the engines."""
-        return int(sum(self._all("push_weights", version)))
+    def push_weights(self, version: int) -> WeightSyncStats:
+        """Every rank takes part (FSDP gathers the weights), rank 0 sends them; its stats."""
+        return self._all("push_weights", version)[0]
 
     def restore_engine(self, old: Any, new: Any) -> bool:
         """Load the last pushed weights into a rebuilt inference actor; whether rank 0 could."""

@@ -5,8 +5,8 @@ The driver (:class:`~llmrl.runtime.trainer_group.TrainerGroup`) starts one per
 meet in collectives (gradient averaging, FSDP gathers, the loss normalizer). Rank 0 also:
 
 - pushes the full weights to the inference engines after each optimizer step through its
-  :class:`~llmrl.collectors.WeightUpdater` (Ray object store to transformers engines, NCCL into
-  vLLM workers), so weights never pass through the driver;
+  weight transport (:mod:`llmrl.transports`, chosen by ``topology.weight_transport``), so
+  weights never pass through the driver;
 - writes checkpoints (Hugging Face weights, the whole optimizer state keyed by parameter name,
   so any world size and strategy resumes from them).
 """
@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 from llmrl.config.grpo import GRPOConfig
 from llmrl.train import distributed
 from llmrl.train.precision import TrainingPrecision
+from llmrl.transports.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
 
@@ -114,23 +115,21 @@ class TrainerRank:
         return sum(p.numel() for p in wrapped.parameters())
 
     def connect_engines(
-        self, inference_actors: list[Any], vllm_engines: list[Any], ranks_per_engine: int
+        self,
+        inference_actors: list[Any],
+        vllm_engines: list[Any],
+        ranks_per_engine: int,
+        transport: str = "auto",
     ) -> None:
-        """Rank 0: the weight updater towards the engines (NCCL into vLLM engines on GPUs, the
-        Ray object store otherwise)."""
+        """Rank 0: the weight updater towards the engines, as ``topology.weight_transport``
+        says (:func:`~llmrl.transports.selection.make_weight_updater`)."""
         if self.rank != 0:
             return
-        from llmrl.collectors.weight_sync import (
-            RayObjectStoreWeightUpdater,
-            VLLMNCCLWeightUpdater,
-        )
+        from llmrl.transports.selection import make_weight_updater
 
-        if vllm_engines and torch.cuda.is_available():
-            self.weight_updater = VLLMNCCLWeightUpdater(
-                vllm_engines, master_address=_node_address(), ranks_per_engine=ranks_per_engine
-            )
-        else:
-            self.weight_updater = RayObjectStoreWeightUpdater(inference_actors)
+        self.weight_updater = make_weight_updater(
+            transport, inference_actors, vllm_engines, ranks_per_engine, _node_address()
+        )
 
     def train(
         self, shard: TensorDictBase, minibatches: int, step: int, stand_in_only: bool
@@ -140,13 +139,13 @@ class TrainerRank:
             shard = self.reference(shard)
         return self.trainer.train(shard, minibatches, step=step, stand_in_only=stand_in_only)
 
-    def push_weights(self, version: int) -> int:
+    def push_weights(self, version: int) -> WeightSyncStats | None:
         """Send the current weights, cast to ``model.dtype``, to the engines as ``version``;
-        bytes sent (rank 0)."""
+        the push's stats (rank 0; None elsewhere)."""
         weights = distributed.full_state_dict(self.trainer.model)  # collective under FSDP
         if self.rank != 0:
-            return 0
-        return self.weight_updater.push(self.precision.export(weights), version=version).bytes
+            return None
+        return self.weight_updater.push(self.precision.export(weights), version=version)
 
     def restore_engine(self, old: Any, new: Any) -> bool:
         """Rank 0: load the last pushed weights into a rebuilt inference actor ``new``;

@@ -28,6 +28,7 @@ from llmrl.core.config_loading import MAX_CLUSTER, ConfigModel
 Backend = Literal["vllm", "transformers"]
 Strategy = Literal["single", "ddp", "fsdp"]
 ReferencePlacement = Literal["with_trainer", "dedicated", "none"]
+WeightTransport = Literal["auto", "object_store", "broadcast", "vllm"]
 
 MULTI_GPU_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 """Training strategies that spread training over several ranks (need a world size >= 2)."""
@@ -334,12 +335,22 @@ class Topology(ConfigModel):
             "inference.engines * inference.tensor_parallel_size"
         ),
     )
+    weight_transport: WeightTransport = Field(
+        "auto",
+        description=(
+            "how the trainer's weights reach the engines after each step: 'object_store' (Ray's "
+            "object store), 'broadcast' (buckets over a process group: gloo on CPU, NCCL on "
+            "GPUs; transformers engines), 'vllm' (straight into the vllm engines: NCCL on GPUs, "
+            "a checked file on CPU), or 'auto' (vllm on GPUs, object_store otherwise)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
         problems = [*self._inference_problems(), *self._trainer_problems()]
         problems += self._reference_problems()
         problems += self._colocation_problems()
+        problems += self._transport_problems()
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -466,6 +477,20 @@ class Topology(ConfigModel):
             return [
                 f"reference.gpus: only a dedicated reference has GPUs of its own; must be 0 for "
                 f"placement '{placement}' (got {gpus})"
+            ]
+        return []
+
+    def _transport_problems(self) -> list[str]:
+        transport, backend = self.weight_transport, self.inference.backend
+        if transport == "vllm" and backend != "vllm":
+            return [
+                "weight_transport: 'vllm' pushes straight into vllm engines; inference.backend "
+                f"is '{backend}' (use 'object_store', 'broadcast' or 'auto')"
+            ]
+        if transport == "broadcast" and backend != "transformers":
+            return [
+                "weight_transport: 'broadcast' sends to transformers engines; for "
+                "inference.backend 'vllm' use 'vllm' (or 'object_store', 'auto')"
             ]
         return []
 

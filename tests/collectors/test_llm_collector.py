@@ -10,11 +10,12 @@ import pytest
 import torch
 from tensordict import TensorDictBase
 
-from llmrl.collectors import InProcessWeightUpdater, LLMCollector
+from llmrl.collectors import LLMCollector
 from llmrl.data import ChatHistory, History
 from llmrl.data.replay import ReplayBuffer
 from llmrl.envs import ArithmeticEnv, DatasetChatEnv, EnvTransform, PolicyVersion
 from llmrl.policies import TransformersWrapper
+from llmrl.transports import InProcessWeightUpdater
 
 
 class CallingPolicy:

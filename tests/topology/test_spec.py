@@ -128,6 +128,18 @@ INVALID = [
         r"inference\.gpu_memory_utilization: colocated engines share their GPUs .* must be < 1",
         id="colocated-leaves-memory",
     ),
+    pytest.param(
+        {"inference": {"backend": "transformers"}, "weight_transport": "vllm"},
+        r"weight_transport: 'vllm' pushes straight into vllm engines; inference\.backend is "
+        r"'transformers'",
+        id="vllm-transport-needs-vllm-engines",
+    ),
+    pytest.param(
+        {"inference": {"backend": "vllm"}, "weight_transport": "broadcast"},
+        r"weight_transport: 'broadcast' sends to transformers engines; for inference\.backend "
+        r"'vllm' use 'vllm'",
+        id="broadcast-needs-transformers-engines",
+    ),
 ]
 
 

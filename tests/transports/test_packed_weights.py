@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import torch
 
-from llmrl.collectors.packed_weights import PackedStateDict
+from llmrl.transports.packed_weights import PackedStateDict
 
 
 def tied_state() -> dict[str, torch.Tensor]:

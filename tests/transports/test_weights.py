@@ -1,5 +1,6 @@
-"""Weight updaters: in-process copies make the engine reply like the trainer; stats recorded;
-the NCCL updater runs only with CUDA and vLLM."""
+"""Weight updaters: in-process copies make the engine reply like the trainer; stats recorded
+(with the checksum sent and the one the engine holds); the NCCL updater runs only with CUDA and
+vLLM."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import importlib.util
 import pytest
 import torch
 
-from llmrl.collectors import InProcessWeightUpdater, VLLMNCCLWeightUpdater, WeightSyncStats
 from llmrl.envs import queries
 from llmrl.envs.chat_env import ChatEnv
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
+from llmrl.transports import (
+    InProcessWeightUpdater,
+    VLLMNCCLWeightUpdater,
+    WeightSyncStats,
+    weights_checksum,
+)
 from tests.collectors.factories import perturbed
 
 GREEDY = {"max_new_tokens": 6, "do_sample": False}
@@ -54,6 +60,8 @@ def test_in_process_copy_makes_the_engine_match_the_trainer(tokenizer, state):
     nbytes = sum(t.numel() * t.element_size() for t in trainer.state_dict().values())
     assert isinstance(stats, WeightSyncStats)
     assert stats.bytes == nbytes and stats.seconds > 0 and stats.version == 1
+    assert stats.checksum == weights_checksum(trainer.state_dict())
+    assert stats.engine_checksums == (stats.checksum,), "the engine holds what was sent"
     assert updater.history == [stats]
     assert engine.model is not trainer, "a copy, not the same object"
 
@@ -77,13 +85,14 @@ def test_in_process_accepts_state_dicts_pairs_and_load_weights_targets(tokenizer
     class Engine:  # a vLLM policy's interface
         loaded = ()
 
-        def load_weights(self, named_tensors, version=None):
+        def load_weights(self, named_tensors, version=None, checksum=None):
             self.loaded = [name for name, _ in named_tensors]
-            self.version = version
+            self.version, self.checksum = version, checksum
 
     engine = Engine()
-    InProcessWeightUpdater(engine).push(trainer.state_dict(), version=7)
+    stats = InProcessWeightUpdater(engine).push(trainer.state_dict(), version=7)
     assert engine.loaded == list(trainer.state_dict()) and engine.version == 7
+    assert engine.checksum == stats.checksum == weights_checksum(trainer.state_dict())
 
 
 def test_push_needs_weights():

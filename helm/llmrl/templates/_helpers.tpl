@@ -252,6 +252,13 @@ cannot judge (or one installed with --skip-schema-validation) fails with the sam
 {{- if and (ne $t.reference.placement "dedicated") (gt $refGpus 0) }}
 {{- fail (printf "topology.reference.gpus: only a dedicated reference has GPUs of its own; must be 0 for placement '%s' (got %d)" $t.reference.placement $refGpus) }}
 {{- end }}
+{{- $transport := $t.weight_transport | default "auto" }}
+{{- if and (eq $transport "vllm") (ne $inf.backend "vllm") }}
+{{- fail (printf "topology.weight_transport: 'vllm' pushes straight into vllm engines; topology.inference.backend is '%s' (use 'object_store', 'broadcast' or 'auto')" $inf.backend) }}
+{{- end }}
+{{- if and (eq $transport "broadcast") (ne $inf.backend "transformers") }}
+{{- fail "topology.weight_transport: 'broadcast' sends to transformers engines; for topology.inference.backend 'vllm' use 'vllm' (or 'object_store', 'auto')" }}
+{{- end }}
 {{- if $t.colocated }}
 {{- if ne $inf.backend "vllm" }}
 {{- fail (printf "topology.colocated: inference and training share GPUs, which needs the vllm backend (topology.inference.backend is '%s')" $inf.backend) }}
