@@ -114,6 +114,7 @@ class InferenceActor:
         self._active = 0
         self._loading = False
         self._receiver: Any = None
+        self._verified: str | None = None
 
     def ready(self) -> bool:
         """True once the policy is built (wait on it to surface construction errors)."""
@@ -186,7 +187,7 @@ class InferenceActor:
         with self._exclusive():
             if callable(getattr(self.policy, "load_weights", None)):
                 self.policy.load_weights(state_dict.items(), version=version, checksum=checksum)
-                held = checksum  # verified by the engines before loading
+                held = self._verified = checksum  # verified by the engines before loading
             else:
                 with torch.no_grad():
                     self.policy.model.load_state_dict(state_dict)
@@ -194,6 +195,13 @@ class InferenceActor:
             if version is not None:
                 self.version = int(version)
         return held
+
+    def held_checksum(self) -> str | None:
+        """The checksum of the weights the policy holds now: a transformers policy's whole
+        state dict; for a vLLM policy, the checksum its engines last verified (None before)."""
+        if callable(getattr(self.policy, "load_weights", None)):
+            return self._verified
+        return weights_checksum(self.policy.model.state_dict())
 
     def set_version(self, version: int) -> None:
         """Record the version of weights loaded by other means (NCCL broadcasts)."""

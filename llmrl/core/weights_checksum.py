@@ -73,6 +73,8 @@ def tensor_fingerprint(tensor: torch.Tensor) -> int:
         tail[: data.numel() - whole] = data[whole:]
         parts.append(tail.view(torch.int64))
     sums = torch.cat(parts)
+    if not sums.numel():  # an empty tensor
+        return 0
     weights = torch.arange(1, 2 * sums.numel(), 2, dtype=torch.int64, device=sums.device)
     return int((sums * weights).sum()) & _MASK
 
