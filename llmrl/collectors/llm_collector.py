@@ -24,8 +24,10 @@ the number of rows it stored.
 Every row carries ``traj_id``, ``turn`` and ``policy_version``: the version of the weights
 that produced *that reply* (0 at first, +1 on each :meth:`LLMCollector.update_policy_weights_`),
 so a trajectory in flight during an update, or rows that waited for the next batch, carry the
-older version. When the env has a :class:`~llmrl.envs.PolicyVersion` transform, it is the
-version source.
+older version. The version is the weight transport's (``weight_updater.version``): the
+collector reads it from there, and an env's :class:`~llmrl.envs.PolicyVersion` transform
+follows it. Finished trajectories pass through the rollout transport's contract
+(:mod:`llmrl.transports.rollouts`, in process), which refuses a sample without its version.
 
 Example:
     >>> env = ArithmeticEnv(batch_size=4, repeats=8)
@@ -49,11 +51,12 @@ from tensordict import TensorDictBase, lazy_stack
 
 from llmrl.envs.transforms.data_loading_primer import DataLoadingPrimer
 from llmrl.envs.transforms.policy_version import PolicyVersion
+from llmrl.transports.rollouts import RolloutBatch, in_process_rollouts
+from llmrl.transports.weights import VersionOnlyUpdater, WeightSyncStats, WeightUpdater
 
 if TYPE_CHECKING:
     from llmrl.data.replay import ReplayBuffer
     from llmrl.envs.chat_env import ChatEnv
-    from llmrl.transports.weights import WeightSyncStats, WeightUpdater
 
 logger = logging.getLogger(__name__)
 
@@ -226,36 +229,43 @@ class CollectorBase(ABC):
         self.dialog_turns_per_batch = dialog_turns_per_batch
         self.total_dialog_turns = total_dialog_turns
         self.replay_buffer = replay_buffer
-        self.weight_updater = weight_updater
+        self._weight_updater: WeightUpdater = (
+            VersionOnlyUpdater() if weight_updater is None else weight_updater
+        )
         self.yield_completed_trajectories = yield_completed_trajectories
         self._assembler = BatchAssembler(dialog_turns_per_batch)
-        self._counter = 0
         self.stats = {"turns": 0, "trajectories": 0, "batches": 0, "yielded_turns": 0}
 
     # ------------------------------------------------------------------ versions
     @property
+    def weight_updater(self) -> WeightUpdater:
+        """The weight transport (a :class:`~llmrl.transports.VersionOnlyUpdater` when none was
+        given). Its ``version`` is the policy version; a replacement continues from it."""
+        return self._weight_updater
+
+    @weight_updater.setter
+    def weight_updater(self, updater: WeightUpdater) -> None:
+        updater.version = self.policy_version
+        self._weight_updater = updater
+
+    @property
     def policy_version(self) -> int:
-        """Version of the policy's current weights: 0, then +1 per weight update."""
-        return self._counter
+        """Version of the policy's current weights: 0, then +1 per weight update. Read from
+        the weight transport, which keeps it (the collector keeps no count of its own)."""
+        return self._weight_updater.version
 
     def _set_version(self, version: int) -> None:
-        self._counter = version
+        self._weight_updater.version = int(version)
 
-    def update_policy_weights_(self, weights: Any = None) -> WeightSyncStats | None:
+    def update_policy_weights_(self, weights: Any = None) -> WeightSyncStats:
         """Push ``weights`` (a model or a state dict; None: the updater's own source) through
-        the weight updater, if any, and advance the policy version by one.
+        the weight updater as the next version, which the updater then holds.
 
         Without a weight updater only the version advances (the policy shares the trainer's
-        model). Returns the updater's :class:`WeightSyncStats`, or None.
+        model). Returns the push's :class:`~llmrl.transports.WeightSyncStats`.
         """
-        version = self.policy_version + 1
-        stats = None
-        if self.weight_updater is not None:
-            stats = self.weight_updater.push(weights, version=version)
-        elif weights is not None:
-            raise ValueError("weights were given but the collector has no weight_updater")
-        self._set_version(version)
-        logger.debug("policy weights updated to version %d", version)
+        stats = self._weight_updater.push(weights, version=self.policy_version + 1)
+        logger.debug("policy weights updated to version %d", stats.version)
         return stats
 
     # ------------------------------------------------------------------ iteration
@@ -336,8 +346,8 @@ class LLMCollector(CollectorBase):
         total_dialog_turns: stop once this many transitions were yielded; -1: never stop.
         replay_buffer: when given, batches are written to it (``extend``) and iteration yields
             the number of rows the buffer stored instead of the batch.
-        weight_updater: called by :meth:`update_policy_weights_` to push new weights.
-        track_policy_version: write ``policy_version`` into every transition.
+        weight_updater: called by :meth:`update_policy_weights_` to push new weights; its
+            ``version`` is the collector's (and the env's PolicyVersion follows it).
         yield_completed_trajectories: True (default): batches of whole finished trajectories;
             False: transitions as they come, exactly ``dialog_turns_per_batch`` a batch.
 
@@ -354,7 +364,6 @@ class LLMCollector(CollectorBase):
         total_dialog_turns: int = -1,
         replay_buffer: ReplayBuffer | None = None,
         weight_updater: WeightUpdater | None = None,
-        track_policy_version: bool = True,
         yield_completed_trajectories: bool = True,
     ) -> None:
         super().__init__(
@@ -366,35 +375,31 @@ class LLMCollector(CollectorBase):
         )
         self.env = env
         self.policy = policy
-        self.track_policy_version = track_policy_version
         self._version = find_version_transform(env)
         self.version_key = self._version.key if self._version is not None else "policy_version"
+        if self._version is not None:  # the env stamps the weight transport's version
+            if self._version.version and not self.policy_version:
+                self._set_version(self._version.version)  # an env that starts further on
+            self._version.follow(lambda: self.policy_version)
         self._runner = TrajectoryRunner(
             env, self._call_policy, keep_trajectories=yield_completed_trajectories
         )
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the policy's current weights (the env's PolicyVersion, if it has one)."""
-        return self._version.version if self._version is not None else self._counter
-
-    def _set_version(self, version: int) -> None:
-        self._counter = version
-        if self._version is not None:
-            self._version.version = version
+        self._rollout_sender, self._rollout_receiver = in_process_rollouts(self.version_key)
 
     def _collect_more(self) -> None:
         result = self._runner.step()
         units = result.units(self.yield_completed_trajectories)
-        self._record(units, len(result.transitions), len(result.finished))
+        # through the rollout transport's contract: every sample must carry its version
+        self._rollout_sender.send(RolloutBatch(units))
+        (batch,) = self._rollout_receiver.receive_ready()
+        self._record(batch.trajectories, len(result.transitions), len(result.finished))
 
     def _exhausted(self) -> bool:
         return self._runner.exhausted and not self._runner.in_flight
 
     def _call_policy(self, state: TensorDictBase) -> TensorDictBase:
-        if self.track_policy_version:
-            version = torch.full(state.batch_size, self.policy_version, dtype=torch.long)
-            state.set(self.version_key, version)
+        version = torch.full(state.batch_size, self.policy_version, dtype=torch.long)
+        state.set(self.version_key, version)
         return self.policy(state)
 
     # ------------------------------------------------------------------ checkpoints

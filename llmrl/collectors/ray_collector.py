@@ -4,14 +4,16 @@ Who calls whom:
 
 - the **driver** (this process, the trainer) owns the :class:`RayLLMCollector`. To fill a
   batch it asks every env worker for its share of the missing transitions
-  (``worker.collect.remote(n)``) and waits for all answers (``ray.get``): a pull model, with no
-  collection running while the trainer trains, so a weight update applies to everything
-  collected after it;
+  (``worker.collect.remote(n)``), waits for all of them (``ray.get``), then takes what they
+  sent from the rollout transport's receiver (:func:`~llmrl.transports.rollouts.ray_rollouts`,
+  an inbox actor), in worker order: a pull model, with no collection running while the trainer
+  trains, so a weight update applies to everything collected after it;
 - each **env worker** (:class:`EnvWorker` actor) owns an env built by
   ``env_factory(worker_index)`` and runs the single-process loop
   (:class:`~llmrl.collectors.llm_collector.TrajectoryRunner`): reset, a remote policy call,
   ``env.step`` locally, until its trajectories finished at least ``n`` transitions, which it
-  returns (trajectories in progress stay with it for the next call);
+  sends (``RolloutSender.send``: every sample must carry its ``policy_version``) with its
+  state (trajectories in progress stay with it for the next call);
 - each **inference actor** (:class:`InferenceActor`) owns a policy built by
   ``policy_factory()`` and serves ``generate(state)``. It is a threaded actor
   (``max_concurrency`` = its workers + 1), so concurrent worker calls reach the policy
@@ -77,6 +79,7 @@ from llmrl.core.ray_helpers import import_ray
 from llmrl.core.weights_checksum import verify_checksum, weights_checksum
 from llmrl.transports.object_store import RayObjectStoreWeightUpdater
 from llmrl.transports.packed_weights import PackedStateDict
+from llmrl.transports.rollouts import RolloutBatch, RolloutSender, ray_rollouts
 from llmrl.transports.weights import held_weights
 
 if TYPE_CHECKING:
@@ -257,12 +260,17 @@ class EnvWorker:
         num_workers: int,
         inference_actor: Any,
         yield_completed_trajectories: bool = True,
+        rollout_sender: RolloutSender | None = None,
     ) -> None:
         self.env = env_factory(worker_index)
         self.worker_index = worker_index
         self.inference_actor = inference_actor
+        self.rollout_sender = rollout_sender
         self.by_trajectory = yield_completed_trajectories
+        self._reply_version = 0
         self._version = find_version_transform(self.env)
+        if self._version is not None:  # the env stamps the version of the last reply
+            self._version.follow(lambda: self._reply_version)
         self.runner = TrajectoryRunner(
             self.env,
             self._generate,
@@ -275,12 +283,15 @@ class EnvWorker:
         """True once the env is built."""
         return True
 
-    def collect(self, n_turns: int) -> tuple[list[Trajectory], dict[str, Any]]:
+    def collect(self, n_turns: int, round_id: int = 0) -> RolloutBatch | None:
         """Step until at least ``n_turns`` transitions are ready (finished trajectories, or
-        single transitions); returns them and ``{"turns", "trajectories", "exhausted",
-        "state"}`` (``state``: :meth:`state_dict` now).
+        single transitions) and send them through the rollout sender as one
+        :class:`~llmrl.transports.rollouts.RolloutBatch` (``source``: this worker's index,
+        ``info``: ``{"turns", "trajectories", "exhausted", "state", "round"}``, ``state``
+        being :meth:`state_dict` now, so what was produced and where to go on from travel
+        together). Returns None once sent; without a sender, returns the batch.
 
-        When the inference actor dies, the call returns early with what is ready and
+        When the inference actor dies, the call sends early what is ready, with
         ``info["inference_error"]`` (its message); the rows waiting for a reply stay, and the
         next call asks the actor given by :meth:`set_inference_actor`.
         """
@@ -305,8 +316,13 @@ class EnvWorker:
             trajectories=trajectories,
             exhausted=self._exhausted(),
             state=self.state_dict(),
+            round=round_id,
         )
-        return units, info
+        batch = RolloutBatch(units, source=self.worker_index, info=info)
+        if self.rollout_sender is None:
+            return batch
+        self.rollout_sender.send(batch)
+        return None
 
     def close(self) -> None:
         """Close the env (its transforms' resources: MCP servers, sandboxes), if it can be."""
@@ -334,7 +350,7 @@ class EnvWorker:
         out = ray.get(self.inference_actor.generate.remote(state))
         if self._version is not None and self._version.key in out.keys():  # noqa: SIM118
             # the env's own PolicyVersion stamps what the inference actor reported
-            self._version.version = int(out.get(self._version.key).reshape(-1)[0])
+            self._reply_version = int(out.get(self._version.key).reshape(-1)[0])
         return out
 
 
@@ -352,7 +368,6 @@ class RayLLMCollector(CollectorBase):
         num_inference_actors: inference actors; worker ``i`` uses actor ``i % count``.
         weight_updater: default a :class:`RayObjectStoreWeightUpdater` over the inference
             actors.
-        track_policy_version: write ``policy_version`` into every transition.
         env_worker_cpus, inference_cpus, inference_gpus: Ray resources of each actor.
         runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
         max_actor_restarts: rebuilds allowed per actor after its process died (see the module
@@ -377,7 +392,6 @@ class RayLLMCollector(CollectorBase):
         num_inference_actors: int = 1,
         replay_buffer: ReplayBuffer | None = None,
         weight_updater: WeightUpdater | None = None,
-        track_policy_version: bool = True,
         yield_completed_trajectories: bool = True,
         env_worker_cpus: float = 0.5,
         inference_cpus: float = 0.5,
@@ -399,6 +413,7 @@ class RayLLMCollector(CollectorBase):
             weight_updater,
             yield_completed_trajectories,
         )
+        given_updater = weight_updater is not None
         ray = import_ray("RayLLMCollector")
         if not ray.is_initialized():
             ray.init()
@@ -432,7 +447,10 @@ class RayLLMCollector(CollectorBase):
             if isinstance(policy_factory, (list, tuple))
             else [policy_factory] * num_inference_actors
         )
-        version_key = "policy_version" if track_policy_version else None
+        version_key = "policy_version"
+        # env workers -> driver: trajectories travel through the rollout transport
+        self._rollout_sender, self._rollout_receiver = ray_rollouts(actor_options=options)
+        self._round = 0
         self._new_inference_actor = lambda index: _start_actor(
             InferenceActor, inference_options[index], factories[index], version_key
         )
@@ -444,6 +462,7 @@ class RayLLMCollector(CollectorBase):
             num_env_workers,
             inference_actor,
             yield_completed_trajectories,
+            self._rollout_sender,
         )
         self.inference_actors = [
             self._new_inference_actor(index) for index in range(num_inference_actors)
@@ -457,7 +476,7 @@ class RayLLMCollector(CollectorBase):
         except Exception:
             self.shutdown()
             raise
-        if self.weight_updater is None:
+        if not given_updater:
             self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
         self._worker_done = [False] * num_env_workers
         # each worker's state after its last successful collect: what a replacement starts from
@@ -471,17 +490,24 @@ class RayLLMCollector(CollectorBase):
         live = [i for i, done in enumerate(self._worker_done) if not done]
         missing = self.dialog_turns_per_batch - self._assembler.pending_turns
         share = max(1, math.ceil(missing / len(live)))
-        calls = {i: self.env_workers[i].collect.remote(share) for i in live}
+        self._round += 1
+        calls = {i: self.env_workers[i].collect.remote(share, self._round) for i in live}
         faults: list[BaseException] = []
-        for index, call in calls.items():
+        for call in calls.values():
             try:
-                units, info = ray.get(call)
+                ray.get(call)  # returns once its worker's batch is in the inbox
             except Exception as error:
                 if not is_actor_death(error):
                     raise
                 faults.append(error)  # its share is asked for again in the next round
+        # a worker that died after sending counts what it sent (its state came with it)
+        received = self._rollout_receiver.receive_ready()
+        for batch in sorted(received, key=lambda batch: batch.source):
+            info, index = batch.info, batch.source
+            if info.get("round") != self._round:  # sent by a worker that died in an old round
+                logger.warning("dropped a late rollout batch of env worker %d", index)
                 continue
-            self._record(units, info["turns"], info["trajectories"])
+            self._record(batch.trajectories, info["turns"], info["trajectories"])
             self._worker_done[index] = bool(info["exhausted"])
             self._worker_states[index] = info["state"]
             if "inference_error" in info:
@@ -506,7 +532,7 @@ class RayLLMCollector(CollectorBase):
             old, new = self.inference_actors[index], self._new_inference_actor(index)
             self.inference_actors[index] = new
             updater = self.weight_updater
-            restored = updater is not None and updater.restore(old, new)
+            restored = updater.restore(old, new)
             if not restored and self.policy_version > 0:
                 raise RuntimeError(
                     f"inference actor {index} died and was rebuilt, but the weight updater "
@@ -543,20 +569,18 @@ class RayLLMCollector(CollectorBase):
 
     def update_policy_weights_(self, weights: Any = None) -> Any:
         """Push ``weights`` to the inference actors and advance the version (see
-        :meth:`LLMCollector.update_policy_weights_`); the actors stamp the new version.
+        :meth:`LLMCollector.update_policy_weights_`); the push delivers the new version to
+        the actors, which stamp it.
 
         An inference actor found dead by the push is rebuilt (with the weights of the push
         that failed, which the updater already holds) and the push is made again."""
         try:
-            stats = super().update_policy_weights_(weights)
+            return super().update_policy_weights_(weights)
         except Exception as error:
             if not is_actor_death(error) or not dead_actors(self.inference_actors):
                 raise
             self._replace_dead_actors(error)
-            stats = super().update_policy_weights_(weights)
-        ray = import_ray("RayLLMCollector")
-        ray.get([a.set_version.remote(self.policy_version) for a in self.inference_actors])
-        return stats
+            return super().update_policy_weights_(weights)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, policy version and every worker's state (next ids, dataset position)."""
@@ -591,16 +615,17 @@ class RayLLMCollector(CollectorBase):
     def shutdown(self, close_timeout_s: float = 10.0) -> None:
         """Close the env workers' envs (stopping tool servers cleanly; bounded by
         ``close_timeout_s``, a dead or stuck worker is killed regardless), then kill the env
-        workers and inference actors (Ray itself keeps running)."""
+        workers, the inference actors and the rollout inbox (Ray itself keeps running)."""
         ray = import_ray("RayLLMCollector")
         closing = [worker.close.remote() for worker in self.env_workers]
         if closing:
             _, stuck = ray.wait(closing, num_returns=len(closing), timeout=close_timeout_s)
             if stuck:
                 logger.warning("%d env worker(s) did not close in time; killing", len(stuck))
-        for actor in [*self.env_workers, *self.inference_actors]:
+        inbox = [self._rollout_receiver.inbox] if self._rollout_receiver is not None else []
+        for actor in [*self.env_workers, *self.inference_actors, *inbox]:
             ray.kill(actor)
-        self.env_workers, self.inference_actors = [], []
+        self.env_workers, self.inference_actors, self._rollout_receiver = [], [], None
 
 
 def _start_actor(cls: type, options: dict[str, Any], *args: Any) -> Any:

@@ -33,6 +33,14 @@ from llmrl.transports.broadcast import (
 from llmrl.transports.in_process import InProcessWeightUpdater
 from llmrl.transports.object_store import RayObjectStoreWeightUpdater
 from llmrl.transports.packed_weights import PackedStateDict
+from llmrl.transports.rollouts import (
+    MissingPolicyVersion,
+    RolloutBatch,
+    RolloutReceiver,
+    RolloutSender,
+    in_process_rollouts,
+    ray_rollouts,
+)
 from llmrl.transports.vllm import VLLMFileWeightUpdater, VLLMNCCLWeightUpdater
 from llmrl.transports.weights import (
     VersionOnlyUpdater,
@@ -45,8 +53,12 @@ __all__ = [
     "BroadcastSender",
     "BroadcastWeightUpdater",
     "InProcessWeightUpdater",
+    "MissingPolicyVersion",
     "PackedStateDict",
     "RayObjectStoreWeightUpdater",
+    "RolloutBatch",
+    "RolloutReceiver",
+    "RolloutSender",
     "VLLMFileWeightUpdater",
     "VLLMNCCLWeightUpdater",
     "VersionOnlyUpdater",
@@ -54,5 +66,7 @@ __all__ = [
     "WeightChecksumError",
     "WeightSyncStats",
     "WeightUpdater",
+    "in_process_rollouts",
+    "ray_rollouts",
     "weights_checksum",
 ]

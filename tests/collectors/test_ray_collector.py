@@ -69,7 +69,8 @@ def test_object_store_weights_reach_the_inference_actor(collector, tokenizer):
     assert stats.bytes == sum(t.numel() * t.element_size() for t in distinct)
     for got, want in zip(remote_scores(), expected, strict=True):
         torch.testing.assert_close(got, want)
-    assert ray.get(actor.info.remote())["version"] == 1
+    assert ray.get(actor.info.remote())["version"] == 1 == collector.weight_updater.version
+    assert stats.engine_checksums == (stats.checksum,), "the actor holds what was sent"
 
     collector.total_dialog_turns += 8
     (after,) = list(collector)

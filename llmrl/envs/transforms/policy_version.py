@@ -3,6 +3,8 @@ step leads to)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from tensordict import TensorDictBase
 
@@ -10,8 +12,12 @@ from llmrl.envs.transforms.base import EnvTransform
 
 
 class PolicyVersion(EnvTransform):
-    """Writes ``policy_version`` (long ``[B]``) into the data; the weight updater calls
-    :meth:`increment` after each weight sync, so every sample says which weights produced it.
+    """Writes ``policy_version`` (long ``[B]``) into the data, so every sample says which
+    weights produced it.
+
+    Standalone, it keeps a version of its own (:meth:`increment` after each weight sync). In
+    a collector it *follows* the collector's version (:meth:`follow`: the weight transport's,
+    the one place a run keeps it) and keeps none: setting or incrementing it then raises.
 
     Example:
         >>> version = PolicyVersion()
@@ -21,12 +27,34 @@ class PolicyVersion(EnvTransform):
     """
 
     def __init__(self, version: int = 0, key: str = "policy_version") -> None:
-        self.version = version
+        self._version = version
+        self._source: Callable[[], int] | None = None
         self.key = key
 
+    @property
+    def version(self) -> int:
+        """The version stamped now (the followed source's, when following one)."""
+        return self._source() if self._source is not None else self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if self._source is not None:
+            raise RuntimeError(
+                "this PolicyVersion follows its collector's version (the weight transport's); "
+                "set the version there"
+            )
+        self._version = int(value)
+
+    def follow(self, source: Callable[[], int] | None) -> None:
+        """Stamp ``source()`` from now on instead of a version of its own (None: keep one
+        again, starting from the last one read)."""
+        if source is None and self._source is not None:
+            self._version = self._source()
+        self._source = source
+
     def increment(self) -> int:
-        """Advance to the next version and return it."""
-        self.version += 1
+        """Advance to the next version and return it (not while following a source)."""
+        self.version = self.version + 1
         return self.version
 
     def on_reset(self, td: TensorDictBase) -> TensorDictBase:
