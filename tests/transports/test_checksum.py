@@ -53,6 +53,14 @@ def test_names_shapes_and_dtypes_count_but_order_and_layout_do_not():
     assert tensor_fingerprint(unaligned) == tensor_fingerprint(original["b.bias"])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_numpy_and_torch_sums_agree(dtype):
+    # CPU tensors are summed with numpy, GPU ones with torch: the fingerprint must not differ
+    for tensor in [*state(dtype).values(), torch.zeros(0), torch.tensor(3, dtype=torch.int8)]:
+        numpy_sum = tensor_fingerprint(tensor, backend="numpy")
+        assert numpy_sum == tensor_fingerprint(tensor, backend="torch")
+
+
 def test_tied_tensors_empty_and_scalars():
     embedding = torch.randn(10, 4)
     tied = {"embed.weight": embedding, "lm_head.weight": embedding}
