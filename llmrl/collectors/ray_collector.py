@@ -87,6 +87,7 @@ if TYPE_CHECKING:
 
     from llmrl.data.replay import ReplayBuffer
     from llmrl.envs.chat_env import ChatEnv
+    from llmrl.transports.broadcast import GroupMembership
     from llmrl.transports.weights import WeightUpdater
 
 logger = logging.getLogger(__name__)
@@ -163,20 +164,12 @@ class InferenceActor:
         received = verify_checksum(state_dict, checksum, "inference actor")
         return self._load(state_dict, version, received)
 
-    def join_weight_group(
-        self,
-        address: str,
-        port: int,
-        rank: int,
-        world_size: int,
-        backend: str = "gloo",
-        timeout_s: float = 300.0,
-    ) -> None:
-        """Join the trainer's weight broadcast group as ``rank`` (returns once all have)."""
-        from llmrl.transports.broadcast import BroadcastReceiver, WeightBroadcastGroup
+    def join_weight_group(self, membership: GroupMembership) -> None:
+        """Join the trainer's weight broadcast group (returns once every member has)."""
+        from llmrl.transports.broadcast import BroadcastReceiver
 
-        group = WeightBroadcastGroup(address, port, rank, world_size, backend, timeout_s=timeout_s)
-        self._receiver = BroadcastReceiver(group, f"inference actor (broadcast rank {rank})")
+        where = f"inference actor (broadcast rank {membership.rank})"
+        self._receiver = BroadcastReceiver(membership.join(), where)
 
     def receive_weights(self) -> str:
         """Receive the next broadcast push (call it before the trainer sends), check it, load

@@ -10,7 +10,8 @@ One push (:meth:`BroadcastSender.send`, :meth:`BroadcastReceiver.receive`):
 
 1. **Layout.** Tensors are taken in name order (so the bytes sent do not depend on the order of
    the state dict) and laid end to end in one byte stream, each starting at a multiple of
-   :data:`ALIGN` bytes. The stream is cut into buckets of ``bucket_bytes`` (the last one
+   :data:`ALIGN` bytes (a tensor held under two names, a tied embedding, once). The stream is
+   cut into buckets of ``bucket_bytes`` (the last one
    shorter): a tensor larger than a bucket spans several, many small ones share one.
 2. **Header.** Its length, then the header itself (JSON bytes): the version, the checksum of the
    weights (:func:`~llmrl.core.weights_checksum.weights_checksum`), the bucket size, the
@@ -103,16 +104,44 @@ class BroadcastHeader:
 
 
 def layout(state: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSlot, ...], int]:
-    """Each tensor's slot in the stream, in name order, and the stream's length."""
+    """Each tensor's slot in the stream, in name order, and the stream's length. Names that
+    hold the same tensor (a tied embedding and output head) share one slot's bytes."""
     slots, offset = [], 0
+    placed: dict[tuple, int] = {}
     for name in sorted(state):
         tensor = state[name]
         nbytes = tensor.numel() * tensor.element_size()
-        slots.append(
-            TensorSlot(name, dtype_name(tensor.dtype), tuple(tensor.shape), offset, nbytes)
-        )
-        offset += math.ceil(nbytes / ALIGN) * ALIGN
+        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+        start = placed.get(key) if nbytes else None
+        if start is None:
+            start = placed[key] = offset
+            offset += math.ceil(nbytes / ALIGN) * ALIGN
+        slots.append(TensorSlot(name, dtype_name(tensor.dtype), tuple(tensor.shape), start, nbytes))
     return tuple(slots), offset
+
+
+@dataclass(frozen=True)
+class GroupMembership:
+    """One member's ticket to a :class:`WeightBroadcastGroup` (picklable: the sender sends one
+    to each receiver)."""
+
+    address: str
+    port: int
+    rank: int
+    world_size: int
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+    def join(self) -> WeightBroadcastGroup:
+        """Join the group (returns once every member has)."""
+        return WeightBroadcastGroup(
+            self.address,
+            self.port,
+            self.rank,
+            self.world_size,
+            self.backend,
+            timeout_s=self.timeout_s,
+        )
 
 
 class WeightBroadcastGroup:
@@ -279,8 +308,8 @@ class BroadcastWeightUpdater(WeightUpdater):
     """Weights from this process (rank 0) to Ray inference actors over a bucketed broadcast.
 
     Args:
-        inference_actors: actor handles with ``join_weight_group(address, port, rank,
-            world_size, backend, timeout_s)`` and ``receive_weights() -> checksum`` (an
+        inference_actors: actor handles with ``join_weight_group(membership)`` (a
+            :class:`GroupMembership`) and ``receive_weights() -> checksum`` (an
             :class:`~llmrl.collectors.ray_collector.InferenceActor`).
         address: this process's address as the actors see it.
         backend: ``"gloo"`` or ``"nccl"``; None: nccl when CUDA is available here, else gloo.
@@ -317,15 +346,15 @@ class BroadcastWeightUpdater(WeightUpdater):
             return
         ray = import_ray("Broadcasting weights to Ray actors")
         port, world = free_port(), 1 + len(self.inference_actors)
-        joins = [
-            actor.join_weight_group.remote(
-                self.address, port, rank, world, self.backend, self.timeout_s
-            )
-            for rank, actor in enumerate(self.inference_actors, start=1)
+        members = [
+            GroupMembership(self.address, port, rank, world, self.backend, self.timeout_s)
+            for rank in range(world)
         ]
-        group = WeightBroadcastGroup(
-            self.address, port, 0, world, self.backend, timeout_s=self.timeout_s
-        )
+        joins = [
+            actor.join_weight_group.remote(member)
+            for actor, member in zip(self.inference_actors, members[1:], strict=True)
+        ]
+        group = members[0].join()
         ray.get(joins)
         self._sender = BroadcastSender(group, self.bucket_bytes)
         logger.info(

@@ -28,9 +28,11 @@ BUCKET = 256  # bytes: the large tensor spans many buckets, small ones share the
 
 
 def sent_state() -> dict[str, torch.Tensor]:
-    """A large tensor (4000 bytes), many small ones, several dtypes, a 0-dim and an empty one."""
+    """A large tensor (4000 bytes) also held under a second name (tied), many small ones,
+    several dtypes, a 0-dim and an empty one."""
     g = torch.Generator().manual_seed(0)
     state = {"large.weight": torch.randn(40, 25, generator=g)}
+    state["large.tied"] = state["large.weight"]
     for index in range(30):
         state[f"small.{index:02d}"] = torch.randn(3, generator=g)
     state["half"] = torch.randn(5, 3, generator=g).to(torch.bfloat16)
@@ -143,9 +145,11 @@ def test_layout_puts_tensors_in_name_order_at_aligned_offsets():
     slots, total = layout(dict(reversed(list(state.items()))))
     assert [slot.name for slot in slots] == sorted(state)
     assert all(slot.offset % ALIGN == 0 for slot in slots)
-    large = next(slot for slot in slots if slot.name == "large.weight")
+    by_name = {slot.name: slot for slot in slots}
+    large = by_name["large.weight"]
     assert large.nbytes == 4000 > BUCKET, "spans buckets"
-    assert total >= sum(slot.nbytes for slot in slots)
+    assert by_name["large.tied"].offset == large.offset, "a tied tensor is sent once"
+    assert total < sum(slot.nbytes for slot in slots)
 
 
 def test_large_and_small_tensors_arrive_intact_with_the_version(runs):
