@@ -37,6 +37,7 @@ from tensordict import TensorClass, TensorDictBase
 from torch import nn
 
 from llmrl.data import LogProbs, unpad_sequences
+from llmrl.objectives.consistency import logprob_gap_rows
 from llmrl.objectives.mismatch import MismatchCorrection
 from llmrl.objectives.policy_gradient import PolicyGradient, PolicyGradientTerm, clipped_token_term
 from llmrl.objectives.token_level import (
@@ -83,6 +84,11 @@ class GRPOLossOutput(TensorClass["nocast"]):
     normalizer: torch.Tensor | None = None
     """What the aggregation divided by (valid tokens, or sequences): trainer ranks weight their
     means by it to get the whole batch's (see :mod:`llmrl.train.grpo_trainer`)."""
+    sampler_gap: torch.Tensor | None = None
+    """``[N, 4]``: how far the trainer's log-probs (the ratio's anchor when
+    ``old_log_probs_key`` is set, else the current ones) are from the sampler's on each row's
+    sampled, trained tokens (:func:`~llmrl.objectives.consistency.logprob_gap_rows`; set by
+    :class:`GRPOLoss`): the consistency audit's input."""
 
     def total(self) -> torch.Tensor:
         """The loss to minimise: the sum of the ``loss_*`` terms."""
@@ -418,7 +424,7 @@ class GRPOLoss(nn.Module):
         entropy = None
         if self.entropy_coeff > 0:  # laid out like the log-probs (the actor pads its output)
             entropy = scored.get("entropy").full.to(current.device)
-        return grpo_objective(
+        out = grpo_objective(
             current,
             anchor,
             td.get(self.advantage_key).to(current.device),
@@ -436,6 +442,11 @@ class GRPOLoss(nn.Module):
             policy_gradient=self.policy_gradient,
             mismatch=self.mismatch,
         )
+        # the audit's input: the sampler against the trainer before any update (the anchor when
+        # given, else these log-probs), where the sampler gave its own
+        trainer = anchor if self.old_log_probs_key is not None else current
+        out.sampler_gap = logprob_gap_rows(trainer, sampling, mask & known)
+        return out
 
     def policy_gradient(
         self,

@@ -5,6 +5,11 @@ trainer ranks placed on Ray from the topology. Each step is one :meth:`GRPORunti
 stage (this process, the driver) adds what belongs to it alone: the MLflow run (written once per
 step, by this process only), the progress bar, and when to checkpoint (rank 0 writes).
 
+A step the consistency audit stops (:class:`~llmrl.train.audit.AuditError`: the sampler and the
+trainer disagree beyond a threshold of ``audit``) ends the stage with that error: its
+``audit/*`` metrics are logged at that step, one log line says why, and the MLflow run is
+marked FAILED.
+
 Resuming: the newest complete checkpoint gives every rank its weights and optimizer state and
 the collector its dataset positions and policy version; the MLflow run recorded beside the
 checkpoints is continued, from the step after the checkpoint.
@@ -31,6 +36,7 @@ from llmrl.stages.common import (
     stage_tracker,
     step_bar,
 )
+from llmrl.train.audit import AuditError
 from llmrl.train.checkpoint import CheckpointManager
 
 logger = logging.getLogger(__name__)
@@ -99,7 +105,12 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                 bar = step_bar("grpo", start, config.steps, config.progress)
                 for step in bar:
                     done = step + 1
-                    batch, metrics = runtime.step(done)
+                    try:
+                        batch, metrics = runtime.step(done)
+                    except AuditError as error:  # the run is FAILED with the numbers that failed
+                        tracker.log_metrics(error.metrics, step=error.step)
+                        logger.error("GRPO stopped by the consistency audit: %s", error)
+                        raise
                     tracker.log_metrics(metrics, step=done)
                     reward_history.append((done, metrics["reward_mean"]))
                     last.update(reward_mean=metrics["reward_mean"], accuracy=metrics["accuracy"])

@@ -127,21 +127,26 @@ def load_optimizer_state(
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     """``values`` summed over the ranks (a copy; unchanged with one rank)."""
-    total = values.detach().clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        moved = total.to(_collective_device())
-        dist.all_reduce(moved)
-        total = moved.to(values.device)
-    return total
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(value: int) -> int:
     """The largest ``value`` of any rank (``value`` itself with one rank)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
-    largest = torch.tensor([value], dtype=torch.int64, device=_collective_device())
-    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    return int(largest.item())
+    return int(_all_reduce(torch.tensor([value], dtype=torch.int64), dist.ReduceOp.MAX).item())
+
+
+def all_reduce_max_values(values: torch.Tensor) -> torch.Tensor:
+    """``values`` elementwise maximised over the ranks (a copy; unchanged with one rank)."""
+    return _all_reduce(values, dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: torch.Tensor, op: Any) -> torch.Tensor:
+    result = values.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        moved = result.to(_collective_device())
+        dist.all_reduce(moved, op=op)
+        result = moved.to(values.device)
+    return result
 
 
 def _collective_device() -> str:

@@ -31,6 +31,12 @@ on the last micro-batch only.
 state, and the loss forward runs under bfloat16 autocast (FSDP2: its mixed-precision policy);
 see :mod:`llmrl.train.precision`. The backward runs outside autocast, as torch recommends.
 
+**The consistency audit** (``audit``, :mod:`llmrl.train.audit`): every forward of the first
+pass over the batch also measures how far the sampler's log-probs are from the trainer's
+(the anchor's, when scored), per engine; before each of that pass's optimizer steps the ranks
+reduce those numbers and all raise :class:`~llmrl.train.audit.AuditError` when one is over a
+threshold, so no update uses that data.
+
 **The ratio's anchor with truncated importance sampling.** With ``loss.tis_cap`` the PPO
 ratio's anchor is the training model's log-probs of the batch before its first update (the
 proximal policy; the TIS weight ``min(exp(anchor - sampling), tis_cap)`` corrects from the
@@ -56,6 +62,7 @@ from llmrl.core.faults import fault_point
 from llmrl.objectives import build_grpo_loss
 from llmrl.policies import TransformersWrapper
 from llmrl.train import distributed
+from llmrl.train.audit import LogProbGapTally
 from llmrl.train.optim import build_optimizer
 from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
 from llmrl.train.precision import TrainingPrecision
@@ -144,16 +151,26 @@ class GRPOTrainer:
             scored = [(self._with_anchor(batch), empty) for batch, empty in scored]
             seconds["loss_forward_seconds"] += time.perf_counter() - tick
         micro_batches = self.micro_batches(max(part.batch_size[0] for part in parts))
-        for _ in range(self.config.updates_per_step):
+        # the consistency audit of the first pass: each part's log-prob gap, before its
+        # optimizer step (see llmrl.train.audit)
+        audit = LogProbGapTally(self.config.audit, step) if self.config.audit.enabled else None
+        for update in range(self.config.updates_per_step):
             for batch, empty in scored:
-                values = self._update(batch, empty, micro_batches, seconds, step)
+                checked = audit if update == 0 else None
+                values = self._update(batch, empty, micro_batches, seconds, step, checked)
                 for name, value in values.items():
                     sums[name] = sums.get(name, 0.0) + value
         count = self.config.updates_per_step * minibatches
         skipped = sums.pop("skipped", 0.0)
         means = {name: total / count for name, total in sums.items()}
         peak = distributed.all_reduce_max(round(peak_memory_mb(self.config.model.device)))
-        return {**means, **seconds, "skipped_updates": skipped, "peak_memory_mb": float(peak)}
+        return {
+            **means,
+            **seconds,
+            **(audit.metrics if audit is not None else {}),
+            "skipped_updates": skipped,
+            "peak_memory_mb": float(peak),
+        }
 
     def micro_batches(self, rows: int) -> int:
         """Forward/backward passes per optimizer step when this rank's largest part of a
@@ -184,10 +201,12 @@ class GRPOTrainer:
         micro_batches: int,
         seconds: dict[str, float],
         step: int | None,
+        audit: LogProbGapTally | None = None,
     ) -> dict[str, float]:
         """One optimizer step on this rank's part of a minibatch, in ``micro_batches`` forward
         and backward passes (``empty``: ``batch`` is the stand-in row, trained on with weight
-        0)."""
+        0). With ``audit``, the log-prob gap of these forwards (of the batch's anchor when it
+        has one) is added to the step's and checked before the optimizer step."""
         world = distributed.world_size()
         names: list[str] = []  # the diagnostics this config's loss computes
         weighted = torch.zeros(())  # normalizer, loss, diagnostics, each times the normalizer
@@ -201,6 +220,8 @@ class GRPOTrainer:
             local = 0.0 if stand_in else float(out.normalizer.detach())
             values = [float(out.loss.detach()), *(float(getattr(out, n).detach()) for n in names)]
             weighted = weighted + torch.tensor([1.0, *values]) * local
+            if audit is not None and not stand_in:
+                audit.add(out.sampler_gap, micro)
             seconds["loss_forward_seconds"] += time.perf_counter() - tick
             tick = time.perf_counter()
             with self._gradient_sync(last=index == len(micros) - 1):
@@ -217,6 +238,8 @@ class GRPOTrainer:
         seconds["backward_seconds"] += time.perf_counter() - tick
         if step is not None:
             fault_point("backward", step)
+        if audit is not None:  # raises before the optimizer step uses a batch over a threshold
+            audit.check()
         tick = time.perf_counter()
         means = (totals / global_norm).tolist() if global_norm > 0 else [0.0] * len(totals)
         loss = means[1]

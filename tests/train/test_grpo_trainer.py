@@ -13,10 +13,13 @@ from tensordict import TensorDictBase
 
 from llmrl.collectors import LLMCollector
 from llmrl.config.grpo import GRPOConfig
+from llmrl.data import LogProbs
 from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
+from llmrl.objectives.consistency import ENGINE_KEY
 from llmrl.policies import TransformersWrapper
+from llmrl.train.audit import AuditError
 from llmrl.train.grpo_trainer import ANCHOR_KEY, GRPOTrainer
 from tests.train.conftest import stage_config
 
@@ -190,3 +193,61 @@ def test_a_micro_batch_size_below_one_names_the_field(arithmetic_data, tiny_mode
 
     with pytest.raises(ConfigError, match="micro_batch_size"):
         _trainer(arithmetic_data, tiny_model_dir, micro_batch_size=0)
+
+
+# ------------------------------------------------ the consistency audit's log-prob gap
+def _sampled_by(
+    batch: TensorDictBase, engines: list[int], shift: float, shifted: set[int]
+) -> TensorDictBase:
+    """``batch`` as if ``engines`` sampled its rows, the sampler's log-probs of the rows in
+    ``shifted`` ``shift`` nats higher than the model's."""
+    rows = batch["log_probs"].as_list("response")
+    out = batch.clone()
+    out.set(
+        "log_probs",
+        LogProbs.from_sequences(
+            response=[lp + shift if i in shifted else lp for i, lp in enumerate(rows)]
+        ),
+    )
+    out.set(ENGINE_KEY, torch.tensor(engines))
+    return out
+
+
+def test_the_audit_measures_the_sampler_against_the_trainer_before_the_update(
+    rollout, arithmetic_data, tiny_model_dir
+):
+    trainer = _trainer(arithmetic_data, tiny_model_dir)
+    metrics = trainer.train(rollout, minibatches=1)
+    tokens = sum(len(r) for r in rollout["tokens"].as_list("response"))
+    assert metrics["audit/logprob_tokens"] == tokens
+    # the sampler held the trainer's weights, in float32: they differ by rounding only
+    assert metrics["audit/logprob_gap_max"] < 1e-4
+    assert metrics["audit/logprob_gap_mean"] < 1e-5 and 0 <= metrics["audit/kl"] < 1e-8
+    off = _trainer(arithmetic_data, tiny_model_dir, **{"audit.enabled": False})
+    assert not any(name.startswith("audit/") for name in off.train(rollout, minibatches=1))
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_a_gap_over_the_threshold_stops_before_an_optimizer_step_uses_it(
+    minibatches, rollout, arithmetic_data, tiny_model_dir
+):
+    trainer = _trainer(
+        arithmetic_data,
+        tiny_model_dir,
+        minibatch_size=4 // minibatches,
+        **{"audit.max_logprob_gap_mean": 0.2},
+    )
+    batch = _sampled_by(rollout, [0, 0, 1, 1], 0.5, {2, 3})  # engine 1 is 0.5 nats off
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    with pytest.raises(AuditError) as caught:
+        trainer.train(batch, minibatches=minibatches, step=5)
+    assert "step 5: engine 1's sampling log-probs differ from the trainer's by 0.5 nats on " in (
+        str(caught.value)
+    )
+    assert caught.value.metrics["audit/engine_1/logprob_gap_mean"] == pytest.approx(0.5, abs=1e-5)
+    steps = [s["step"] for s in trainer.optimizer.state_dict()["state"].values()]
+    moved = any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    if minibatches == 1:  # the whole batch is checked before the one optimizer step
+        assert steps == [] and not moved
+    else:  # engine 0's minibatch was trained on; engine 1's (from the anchors) stopped it
+        assert {int(s) for s in steps} == {1} and moved
