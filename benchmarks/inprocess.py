@@ -35,6 +35,7 @@ from llmrl.objectives import build_advantage
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime.grpo_runtime import VERSION_HISTORY
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
+from llmrl.train.audit import StepAudit
 from llmrl.train.grpo_trainer import GRPOTrainer
 from llmrl.train.precision import TrainingPrecision
 from llmrl.train.trainable_model import load_trainable_model
@@ -91,6 +92,7 @@ class InProcessGRPO:
         self.trainer = GRPOTrainer(config, self.model, self.tokenizer, total_steps)
         self._steps = 0
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.audit = StepAudit(config.audit, self.tokenizer) if config.audit.enabled else None
         self.trained_versions: deque[tuple[int, list[int]]] = deque(maxlen=VERSION_HISTORY)
         self._batches = iter(self.collector)
 

@@ -77,6 +77,7 @@ from llmrl.collectors.llm_collector import (
 )
 from llmrl.core.ray_helpers import import_ray
 from llmrl.core.weights_checksum import verify_checksum, weights_checksum
+from llmrl.objectives.consistency import ENGINE_KEY
 from llmrl.transports.object_store import RayObjectStoreWeightUpdater
 from llmrl.transports.packed_weights import PackedStateDict
 from llmrl.transports.rollouts import RolloutBatch, RolloutSender, ray_rollouts
@@ -102,15 +103,20 @@ class InferenceActor:
     Args:
         policy_factory: a picklable callable building the policy in the actor.
         version_key: where ``generate`` writes the policy version; None writes nothing.
+        engine: this actor's index, written by ``generate`` at
+            :data:`~llmrl.objectives.consistency.ENGINE_KEY` (which engine sampled each row,
+            for the consistency audit); None writes nothing.
     """
 
     def __init__(
         self,
         policy_factory: Callable[[], Any],
         version_key: str | None = "policy_version",
+        engine: int | None = None,
     ) -> None:
         self.policy = policy_factory()
         self.version_key = version_key
+        self.engine = engine
         self.version = 0
         self.generate_calls = 0
         self._scorer: Any = None
@@ -133,6 +139,8 @@ class InferenceActor:
             self.generate_calls += 1
         if self.version_key is not None:
             out.set(self.version_key, torch.full(out.batch_size, version, dtype=torch.long))
+        if self.engine is not None:
+            out.set(ENGINE_KEY, torch.full(out.batch_size, self.engine, dtype=torch.long))
         return out
 
     def score(self, td: TensorDictBase) -> TensorDictBase:
@@ -445,7 +453,7 @@ class RayLLMCollector(CollectorBase):
         self._rollout_sender, self._rollout_receiver = ray_rollouts(actor_options=options)
         self._round = 0
         self._new_inference_actor = lambda index: _start_actor(
-            InferenceActor, inference_options[index], factories[index], version_key
+            InferenceActor, inference_options[index], factories[index], version_key, index
         )
         self._new_env_worker = lambda index, inference_actor: _start_actor(
             EnvWorker,

@@ -54,6 +54,7 @@ from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.runtime.trainer_group import TrainerGroup
 from llmrl.runtime.weights import TrainerRanksWeightUpdater
 from llmrl.topology import Topology, place_on_ray
+from llmrl.train.audit import AuditError, StepAudit
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +217,13 @@ class GRPORuntime:
         self.sampler = DynamicSampler(
             self.advantage, config.prompts_per_step, config.advantage.resample_rounds
         )
+        self.audit = None  # the driver's half of the consistency audit (llmrl.train.audit)
+        if config.audit.enabled:
+            from llmrl.models import load_tokenizer
+
+            model = config.model
+            tokenizer = load_tokenizer(model.spec, trust_remote_code=model.trust_remote_code)
+            self.audit = StepAudit(config.audit, tokenizer)
         staleness = 0 if config.mode == "sync" else config.max_staleness
         self.rollouts = AsyncRollouts(self.collector, max_staleness=staleness)
         self._parts.append(self.rollouts.shutdown)
@@ -271,7 +279,10 @@ class GRPORuntime:
             import ray
 
             trained = ray.get(self.reference.score.remote(trained))
-        return self.trainers.train(trained, number)
+        try:
+            return self.trainers.train(trained, number)
+        except AuditError as error:  # a rank's, through Ray: raised as the rank raised it
+            raise getattr(error, "cause", error) from None
 
     def push_weights(self) -> Any:
         """Rank 0 sends the weights to the engines (between two batches); the push's stats."""

@@ -7,8 +7,16 @@ composition only builds its :class:`StepParts`; what a step does, and the metric
 are here::
 
     sampled = parts.sampler.sample(parts.collect)   # prompts x G, rewards, advantages (rounds)
+    audit.token_round_trip(sampled.batch)           # responses decoded and encoded again
     metrics = parts.train(sampled.trained, number)  # ranks: loss, backward, optimizer step
+                                                    #   (the log-prob gap checked before it)
     sync = parts.push_weights()                     # trainer -> engines; version + 1
+    audit.weight_checksums(sync)                    # each engine's weights = the trainer's?
+
+The audit (:mod:`llmrl.train.audit`, ``audit`` in the config) raises
+:class:`~llmrl.train.audit.AuditError` naming the step, the engine and the gap when a threshold
+is exceeded, before the optimizer step trains on the batch (round trip, log-prob gap) or before
+the next step samples from the engine (checksums).
 
 Metrics of a step: the rollout statistics (:func:`rollout_metrics`), dynamic sampling's counts
 (:mod:`llmrl.collectors.dynamic_sampling`), the trainer's (losses, ``grad_norm``, ``lr``,
@@ -16,7 +24,8 @@ per-phase seconds, ``peak_memory_mb``), ``generation_seconds`` (waiting for the 
 ``training_seconds``, ``weight_sync_seconds``, ``weight_sync_bytes``, the run's counters
 (``skipped_steps``, ``dropped_zero_std_groups``, ``underfilled_steps``), ``policy_version``
 (after the push), ``staleness`` (trainer version - oldest sample's), the collector's
-``collector/*`` and ``tokens_per_second`` (response tokens / generation seconds).
+``collector/*``, ``tokens_per_second`` (response tokens / generation seconds), and the audit's
+``audit/*``.
 """
 
 from __future__ import annotations
@@ -24,13 +33,16 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from tensordict import TensorDictBase
 
 from llmrl.collectors import DynamicSampler
 from llmrl.core.faults import fault_point
+
+if TYPE_CHECKING:
+    from llmrl.train.audit import StepAudit
 
 COUNTERS = ("skipped_steps", "dropped_zero_std_groups", "underfilled_steps")
 """The run's counters every step reports (and checkpoints keep)."""
@@ -45,6 +57,8 @@ class StepParts(Protocol):
     """:data:`COUNTERS`, updated by each step."""
     trained_versions: deque[tuple[int, list[int]]]
     """(trainer version, every sample's ``policy_version``) of each step, appended by it."""
+    audit: StepAudit | None
+    """The driver's half of the consistency audit; None: off."""
 
     @property
     def policy_version(self) -> int:
@@ -84,6 +98,9 @@ def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, 
     trainer_version = parts.policy_version  # the weights being trained: before this step's push
     versions = [int(v) for v in batch["policy_version"].reshape(-1).tolist()]
     parts.trained_versions.append((trainer_version, versions))
+    audit = parts.audit
+    if audit is not None:  # the driver decodes and encodes every response: 6-23 ms for 64
+        metrics.update(audit.token_round_trip(batch, number))
 
     tick = time.perf_counter()
     if trained is not None and trained.batch_size[0] > 0:  # forward, backward, optimizer step
@@ -95,6 +112,8 @@ def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, 
     tick = time.perf_counter()
     sync = parts.push_weights()  # the whole model, trainer -> every engine
     seconds["weight_sync_seconds"] = time.perf_counter() - tick
+    if audit is not None:  # compares the checksums the push returned
+        metrics.update(audit.weight_checksums(sync, number))
 
     stats = parts.sampler.advantage.stats
     counters["dropped_zero_std_groups"] = int(stats.get("dropped_zero_std_groups", 0))

@@ -91,3 +91,46 @@ def test_a_killed_engine_and_env_worker_are_rebuilt_and_the_step_completes(
     assert [m["policy_version"] for m in steps] == [2, 3]
     assert info["version"] == 3  # the rebuilt engine got every push since
     assert all(m["response_tokens"] > 0 for m in steps)
+
+
+def test_an_engine_on_corrupted_weights_stops_the_run_naming_the_step_and_the_engine(
+    local_ray, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    import ray
+
+    from llmrl.models import load_model
+    from llmrl.train.audit import AuditError
+
+    config = _config(arithmetic_data, tiny_model_dir)
+    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
+    collector = runtime.collector
+    push = collector.update_policy_weights_
+    corrupted = load_model(tiny_model_dir).state_dict()
+    corrupted["model.norm.weight"] = corrupted["model.norm.weight"] * 20  # every logit x20
+
+    def push_then_corrupt(weights=None):
+        # under the rollouts' lock, as every push: batch 2 is sampled from the corrupted engine
+        stats = push(weights)
+        engine = collector.inference_actors[0]
+        ray.get(engine.load_state_dict.remote(corrupted, version=collector.policy_version))
+        return stats
+
+    try:
+        _, first = runtime.step(1)
+        monkeypatch.setattr(collector, "update_policy_weights_", push_then_corrupt)
+        runtime.step(2)  # pushes version 2, then corrupts the engine
+        with pytest.raises(AuditError) as caught:
+            runtime.step(3)
+    finally:
+        runtime.shutdown()
+    # the engine held the trainer's weights at step 1 (float32: rounding apart)
+    assert first["audit/logprob_gap_mean"] < 1e-4 and first["audit/kl"] < 1e-6
+    assert first["audit/logprob_tokens"] == first["response_tokens"]
+    assert first["audit/weight_checksums_checked"] == 1  # the one engine, after the push
+    assert first["audit/weight_checksum_mismatches"] == 0
+    assert "audit/token_roundtrip_mismatches" in first
+    error = caught.value
+    assert type(error) is AuditError  # the rank's error as it raised it, not Ray's wrapper
+    assert error.step == 3 and error.engine == 0
+    assert str(error).startswith("consistency audit, step 3: engine 0's sampling log-probs")
+    assert error.metrics["audit/logprob_gap_mean"] > config.audit.max_logprob_gap_mean

@@ -1,8 +1,10 @@
 """`grpo_step` over stand-in parts (no model, no Ray): the metrics every composition reports, the
-counters, the staleness and the versions it records."""
+counters, the staleness and the versions it records; the audit's round trip before training and
+its checksums after the push."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from types import SimpleNamespace
 from typing import Any
@@ -12,9 +14,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from llmrl.collectors import DynamicSampler
+from llmrl.config.grpo import AuditSettings
 from llmrl.data import Tokens
 from llmrl.objectives import MCAdvantage
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
+from llmrl.train.audit import AuditError, StepAudit
 from tests.train.test_grpo import ROLLOUT_METRICS
 
 G, PROMPTS = 2, 2
@@ -47,7 +51,8 @@ class FakeParts:
     """A composition whose engines answer fixed responses, trainer reports a loss, and push moves
     the version (optionally lagging by ``lag`` versions, as async sampling does)."""
 
-    def __init__(self, lag: int = 0) -> None:
+    def __init__(self, lag: int = 0, audit: StepAudit | None = None) -> None:
+        self.audit = audit
         self.sampler = DynamicSampler(MCAdvantage(G), PROMPTS, 0)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.trained_versions: deque[tuple[int, list[int]]] = deque()
@@ -55,16 +60,16 @@ class FakeParts:
         self.trained: list[tuple[TensorDictBase, int]] = []
         self.sync = SimpleNamespace(bytes=1234)
         self.batches = 0
+        self.responses = [[5, 6, 7], [5], [8, 9], [9, 9, 9, 9]]
 
     @property
     def policy_version(self) -> int:
         return self.version
 
     def collect(self, round_index: int) -> TensorDictBase:
-        responses = [[5, 6, 7], [5], [8, 9], [9, 9, 9, 9]]
         version = max(0, self.version - self.lag)
         self.batches += 1
-        return batch_of(responses, [0.0, 1.0, 1.0, 1.0], version, PROMPTS * self.batches)
+        return batch_of(self.responses, [0.0, 1.0, 1.0, 1.0], version, PROMPTS * self.batches)
 
     def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
         self.trained.append((trained, number))
@@ -106,3 +111,41 @@ def test_a_step_without_a_push_reports_no_bytes():
     parts = FakeParts()
     parts.sync = None
     assert grpo_step(parts, 1)[1]["weight_sync_bytes"] == 0.0
+
+
+class Tokenizer:
+    """Token ``i`` decodes to ``chr(97 + i)``; ``"ab"`` encodes to one token, 26: the responses
+    holding 0 then 1 do not come back the same."""
+
+    def batch_decode(self, rows, **_):
+        return ["".join(chr(97 + t) for t in row) for row in rows]
+
+    def __call__(self, texts, **_):
+        return {"input_ids": [self._encode(text) for text in texts]}
+
+    def _encode(self, text):
+        return [26 if part == "ab" else ord(part) - 97 for part in re.findall("ab|.", text)]
+
+
+def test_the_audit_adds_its_metrics_and_stops_on_a_bad_checksum():
+    audit = StepAudit(AuditSettings(), Tokenizer())
+    parts = FakeParts(audit=audit)
+    parts.responses = [[0, 1], [2], [0], [1, 0]]
+    parts.sync = SimpleNamespace(bytes=8, version=1, checksum="c1", engine_checksums=("c1",))
+    _, metrics = grpo_step(parts, 1)
+    assert metrics["audit/token_roundtrip_mismatches"] == 1.0  # [0, 1] -> "ab" -> [26]
+    assert metrics["audit/token_roundtrip_mismatch_fraction"] == 0.25
+    assert metrics["audit/weight_checksum_mismatches"] == 0.0
+    assert metrics["audit/weight_checksums_checked"] == 1.0
+    parts.sync = SimpleNamespace(bytes=8, version=2, checksum="c2", engine_checksums=("c1",))
+    with pytest.raises(AuditError, match="step 2: after pushing version 2, engine 0 holds"):
+        grpo_step(parts, 2)
+
+
+def test_a_round_trip_over_its_threshold_stops_the_step_before_training():
+    audit = StepAudit(AuditSettings(max_roundtrip_mismatch_fraction=0.2), Tokenizer())
+    parts = FakeParts(audit=audit)
+    parts.responses = [[0, 1], [2], [0], [1, 0]]
+    with pytest.raises(AuditError, match=r"step 1: 1 of 4 sampled responses \(25.0%\)"):
+        grpo_step(parts, 1)
+    assert parts.trained == []
