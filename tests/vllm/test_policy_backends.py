@@ -278,6 +278,23 @@ def test_a_file_whose_checksum_does_not_match_is_refused_and_changes_nothing(
     assert torch.equal(_engine_log_probs(engine, PROBE), before)
 
 
+def test_tensors_whose_checksum_does_not_match_are_refused_and_change_nothing(engine, hf_model):
+    from llmrl.core.weights_checksum import WeightChecksumError, weights_checksum
+
+    before = _engine_log_probs(engine, PROBE)
+    trainer = _perturbed(hf_model, 0.02, seed=8)
+    sent = weights_checksum(trainer.state_dict())
+    with pytest.raises(WeightChecksumError, match="does not match the sender's"):
+        engine.load_weights(hf_model.state_dict().items(), version=20, checksum=sent)
+    assert torch.equal(_engine_log_probs(engine, PROBE), before), "the model is untouched"
+    try:
+        engine.load_weights(trainer.state_dict().items(), version=21, checksum=sent)
+        assert engine.weight_version() == "21"
+        assert_close_rows([hf_log_probs(trainer, PROBE)], [_engine_log_probs(engine, PROBE)])
+    finally:
+        engine.load_weights(hf_model.state_dict().items(), version=22)
+
+
 def test_all_zero_weights_give_the_uniform_distribution(engine, hf_model, vocab_size):
     # a hand-computed check of a load: zero weights (norms included) give zero logits
     try:
