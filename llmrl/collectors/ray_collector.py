@@ -131,7 +131,10 @@ class InferenceActor:
         return True
 
     def generate(self, td: TensorDictBase) -> TensorDictBase:
-        """The policy's output for a state batch, with ``policy_version`` written."""
+        """The policy's output for a state batch, with ``policy_version`` written (and this
+        engine's index: an earlier turn's, which a multi-turn state carries, is replaced)."""
+        if self.engine is not None:  # requests batched together must hold the same keys
+            td = td.exclude(ENGINE_KEY)
         with self._serving():
             out = self.policy(td)
             version = self.version
