@@ -210,7 +210,9 @@ class BroadcastSender:
         bucket_bytes: bytes per bucket (a multiple of :data:`ALIGN`).
     """
 
-    def __init__(self, group: WeightBroadcastGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    def __init__(
+        self, group: WeightBroadcastGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> None:
         if group.rank != 0:
             raise ValueError(f"the sender is rank 0 of its group, not rank {group.rank}")
         if bucket_bytes < ALIGN or bucket_bytes % ALIGN:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, get_args
 
 import torch
@@ -32,7 +33,7 @@ WEIGHT_TRANSPORTS: tuple[str, ...] = get_args(WeightTransport)
 def make_weight_updater(
     transport: WeightTransport | str,
     inference_actors: list[Any],
-    vllm_engines: list[Any] = (),
+    vllm_engines: Sequence[Any] = (),
     ranks_per_engine: int = 1,
     address: str = "127.0.0.1",
     cuda: bool | None = None,

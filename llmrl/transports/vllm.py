@@ -19,6 +19,7 @@ inference actors that front the engines (``fronts``), which stamp it on their sa
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ class VLLMFileWeightUpdater(WeightUpdater):
     """
 
     def __init__(
-        self, engines: list[Any], fronts: list[Any] = (), source: Weights | None = None
+        self, engines: list[Any], fronts: Sequence[Any] = (), source: Weights | None = None
     ) -> None:
         super().__init__(source)
         if not engines:
@@ -96,7 +97,7 @@ class VLLMNCCLWeightUpdater(WeightUpdater):
         ranks_per_engine: int = 1,
         device: torch.device | str | None = None,
         source: Weights | None = None,
-        fronts: list[Any] = (),
+        fronts: Sequence[Any] = (),
     ) -> None:
         super().__init__(source)
         if not engines:
