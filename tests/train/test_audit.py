@@ -251,8 +251,11 @@ def test_the_stage_stops_with_the_error_and_fails_its_run_with_the_numbers(
 
     monkeypatch.setattr(stage, "GRPORuntime", Runtime)
     monkeypatch.setattr(stage, "ray_session", lambda address: nullcontext())
-    config = stage_config(
-        GRPOConfig, f"data.path={arithmetic_data}", f"tracking.tracking_uri={mlflow_uri}"
+    config = stage_config(  # an experiment of its own: the store is shared with other tests
+        GRPOConfig,
+        f"data.path={arithmetic_data}",
+        f"tracking.tracking_uri={mlflow_uri}",
+        "tracking.experiment=audit-stops-the-stage",
     )
     with pytest.raises(AuditError) as caught, caplog.at_level("ERROR", logger=stage.__name__):
         stage.run_grpo(config)
