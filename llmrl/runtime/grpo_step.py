@@ -63,25 +63,20 @@ class StepParts(Protocol):
     @property
     def policy_version(self) -> int:
         """The version of the weights the engines hold (= optimizer steps taken)."""
-        ...
 
     def collect(self, round_index: int) -> TensorDictBase:
         """The next batch of one round (``round_index`` > 0: a resample round)."""
-        ...
 
     def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
         """Learn from the trained rows (``advantage`` set); the trainer's metrics, with
         ``skipped_updates``."""
-        ...
 
     def push_weights(self) -> Any:
         """Send the trainer's weights to the engines (version + 1); the push's
         ``WeightSyncStats`` (``bytes``), or None."""
-        ...
 
     def collector_metrics(self) -> dict[str, float]:
         """The collector's counters (``collector/*``)."""
-        ...
 
 
 def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, float]]:
