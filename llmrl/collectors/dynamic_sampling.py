@@ -133,7 +133,9 @@ class DynamicSampler:
             assert trained is not None
             trained, kept = trained[: group_slices(trained)[self.groups - 1].stop], self.groups
         underfilled = self.advantage.drop_zero_std and found < self.groups
-        if underfilled:
+        # with max_resample_rounds=0 (drop only) a short step is what was asked for: it trains
+        # on the groups with signal and skips the forward and backward passes of the others
+        if underfilled and (self.max_resample_rounds or not found):
             self._warn(found, len(batches))
         metrics = {
             "sampling_rounds": float(len(batches)),

@@ -83,7 +83,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _answer_all(
+def answer_all(
     env: TaskEnv, policy: LLMWrapperBase, samples: int, progress: bool, what: str
 ) -> dict[str, list[tuple[bool, str]]]:
     """Per problem id: (correct, response) of each of its ``samples`` answers."""
@@ -123,11 +123,11 @@ def evaluate(config: EvalConfig) -> EvalReport:
 
     greedy = make_policy({"max_new_tokens": config.max_new_tokens, "do_sample": False})
     with torch.no_grad():
-        greedy_answers = _answer_all(env(1), greedy, 1, config.progress, "eval greedy")
+        greedy_answers = answer_all(env(1), greedy, 1, config.progress, "eval greedy")
         sampled: dict[str, list[tuple[bool, str]]] = {}
         if config.num_samples:
             sampler = make_policy(config.sampling.as_kwargs(seed=config.seed))
-            sampled = _answer_all(
+            sampled = answer_all(
                 env(config.num_samples), sampler, config.num_samples, config.progress, "eval pass@k"
             )
     seconds = time.perf_counter() - started

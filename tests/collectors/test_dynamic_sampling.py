@@ -91,11 +91,18 @@ def test_the_bound_trains_on_the_groups_found_so_far():
     assert step.underfilled and step.metrics["trained_groups"] == 1.0
 
 
-def test_zero_resample_rounds_only_drops():
+def test_zero_resample_rounds_only_drops_and_warns_only_when_nothing_is_left(caplog):
     collect = FixedRewardRounds(lambda p: p % 2 == 0)
-    step = _sampler(rounds=0).sample(collect)
+    with caplog.at_level(logging.WARNING, logger="llmrl.collectors.dynamic_sampling"):
+        step = _sampler(rounds=0).sample(collect)
     assert collect.calls == [0]
     assert step.trained["group_id"].tolist() == [0, 0, 2, 2]
+    assert step.underfilled and step.metrics["trained_groups"] == 2.0
+    assert caplog.text == ""  # drop only was asked for: a short step is expected
+    with caplog.at_level(logging.WARNING, logger="llmrl.collectors.dynamic_sampling"):
+        step = _sampler(rounds=0).sample(FixedRewardRounds(lambda p: False))
+    assert step.trained is None
+    assert "nothing to train on this step" in caplog.text
 
 
 def test_without_drop_zero_std_a_step_is_one_round_of_every_group():

@@ -266,6 +266,32 @@ def test_bad_generate_options_name_the_setting(tmp_path):
     assert listing(tmp_path) == []
 
 
+def test_task_instructions_reach_sft_chats_and_the_env_system_prompt(tmp_path):
+    from llmrl.envs.task_env import TaskEnv
+    from llmrl.envs.tasks.prepared import prepared_task
+    from llmrl.stages.sft import chat_examples
+
+    short = "Answer as '#### <number>'."
+    options = {"operators": "+-", "instructions": short}
+    config = PrepareConfig(
+        generate={"train_size": 4, "eval_size": 2, "options": options}, output_dir=tmp_path
+    )
+    prepared = prepare_dataset(config, progress=False)
+    task, manifest = prepared_task(prepared.path)
+    assert manifest["generated"]["options"]["instructions"] == short
+    train, _ = load_prepared(prepared.path)
+    assert [chat[0] for chat in chat_examples(train, task)] == [
+        {"role": "system", "content": short}
+    ] * len(train)
+    state = TaskEnv(task, train, batch_size=2, repeats=1, seed=0).reset()
+    for history in state["history"].prompt.unbind(0):
+        assert history[0].role == "system" and history[0].content == short
+    default = PrepareConfig(generate={"train_size": 4, "eval_size": 2}, output_dir=tmp_path)
+    assert prepared_task(prepare_dataset(default, progress=False).path)[0].instructions.startswith(
+        "Solve the problem step by step"
+    )
+
+
 @pytest.mark.usefixtures("without_datasets")
 def test_hub_source_without_datasets_fails_before_any_work(tmp_path):
     with pytest.raises(MissingDatasetsError, match="pip install datasets"):

@@ -94,9 +94,9 @@ class ArithmeticTask:
     operators: str = OPERATORS
     format_reward: float = 0.1
     nonnegative: bool = False
+    instructions: str = FINAL_ANSWER_INSTRUCTIONS
 
     name = "arithmetic"
-    instructions = FINAL_ANSWER_INSTRUCTIONS
 
     def __post_init__(self) -> None:
         if isinstance(self.num_operands, bool) or not isinstance(self.num_operands, int):
@@ -117,6 +117,11 @@ class ArithmeticTask:
             )
         if not isinstance(self.nonnegative, bool):
             raise ValueError(f"nonnegative must be true or false, got {self.nonnegative!r}")
+        if not isinstance(self.instructions, str) or "####" not in self.instructions:
+            raise ValueError(
+                "instructions (the system prompt) must be a string that asks for the "
+                f"'#### <number>' answer line the score reads, got {self.instructions!r}"
+            )
         object.__setattr__(self, "format_reward", check_format_reward(self.format_reward))
 
     def _draw(self, rng: random.Random) -> tuple[list[int], list[str]]:

@@ -28,6 +28,8 @@ def test_is_a_task() -> None:
         ({"format_reward": 1.0}, "format_reward"),
         ({"format_reward": -0.1}, "format_reward"),
         ({"nonnegative": "yes"}, "nonnegative"),
+        ({"instructions": "Answer with a number."}, "instructions"),  # no '####': never scored
+        ({"instructions": 3}, "instructions"),
     ],
 )
 def test_validation(kwargs: dict, field: str) -> None:

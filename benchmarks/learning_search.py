@@ -1,0 +1,128 @@
+"""One trial of the learning search (``docs/learning.md``): GRPO from an SFT model, in one process.
+
+The GRPO step is the stage's own (:class:`inprocess.InProcessGRPO` runs
+:func:`llmrl.runtime.grpo_step.grpo_step` over the stage's parts, without Ray). At step 0 and at
+every step of ``--eval-at`` the live model answers the prepared eval split greedily, as the
+evaluation stage does, and each mark's paired gain over step 0 (the SFT model) is printed with
+its 95% interval, per kind too. GRPO seconds exclude the evaluations. Each trial appends one JSON
+line to ``--out``. Two trials can share the 2 cores (``--threads 1`` each): a trial's accuracy
+at a given step does not depend on its speed, only its seconds do.
+
+    python benchmarks/learning_search.py --sft runs/sft/checkpoint-30/model \
+        --data data/prepared/arithmetic-21c3657f08aceb9d --steps 32 --eval-at 16,24,32 \
+        --set optimizer.lr=1e-5 --name lr-1e-5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from inprocess import InProcessGRPO
+
+from llmrl.config.grpo import GRPOConfig
+from llmrl.core.config_loading import load_config
+from llmrl.data.prepare import load_prepared
+from llmrl.envs.task_env import TaskEnv
+from llmrl.envs.tasks.prepared import prepared_task
+from llmrl.eval.kinds import accuracy_by_kind, problem_kind
+from llmrl.eval.paired import paired_gain
+from llmrl.policies import TransformersWrapper
+from llmrl.stages.evaluate import answer_all
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def greedy_outcomes(grpo: InProcessGRPO, problems: list, new_tokens: int) -> dict[str, bool]:
+    """Per eval problem id: whether the live model's greedy answer is right."""
+    task, _ = prepared_task(grpo.config.data.path)
+    env = TaskEnv(task, problems, 50, 1, shuffle=False, epochs=1)
+    policy = TransformersWrapper(
+        grpo.model,
+        grpo.tokenizer,
+        generate_kwargs={"max_new_tokens": new_tokens, "do_sample": False},
+    )
+    with torch.no_grad():
+        answers = answer_all(env, policy, 1, False, "eval")
+    return {pid: got[0][0] for pid, got in answers.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sft", required=True, help="the SFT model folder GRPO starts from")
+    parser.add_argument("--data", required=True, help="the prepared dataset folder")
+    parser.add_argument("--config", default=str(REPO / "configs" / "grpo.yaml"))
+    parser.add_argument("--set", action="append", default=[], help="a config override")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--eval-at", default="8,16,24", help="steps to evaluate after")
+    parser.add_argument("--eval-rows", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="trial")
+    parser.add_argument(
+        "--out", default=str(REPO / "benchmarks" / "results" / "learning-search.jsonl")
+    )
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    overrides = [f"model.name={args.sft}", f"data.path={args.data}", f"steps={args.steps}"]
+    config = load_config(GRPOConfig, args.config, [*overrides, *args.set])
+    grpo = InProcessGRPO(config)
+    task, _ = prepared_task(config.data.path)
+    problems = load_prepared(config.data.path)[1][: args.eval_rows]
+    kinds = {p.id: problem_kind(task, p) for p in problems}
+    new_tokens = config.generation.max_new_tokens
+    marks = sorted(int(m) for m in args.eval_at.split(","))
+
+    start = greedy_outcomes(grpo, problems, new_tokens)
+    trial = {"name": args.name, "set": args.set, "steps": args.steps, "marks": []}
+    start_kinds = accuracy_by_kind((kinds[pid], right) for pid, right in start.items())
+    trial["start_by_kind"] = {k: round(v["accuracy"], 3) for k, v in start_kinds.items()}
+    print(
+        f"[{args.name}] step 0: accuracy {sum(start.values()) / len(start):.3f}, "
+        f"by kind {trial['start_by_kind']}",
+        flush=True,
+    )
+    trained_seconds, rewards = 0.0, []
+    for step in range(1, args.steps + 1):
+        began = time.perf_counter()
+        _, metrics = grpo.step(step)
+        trained_seconds += time.perf_counter() - began
+        rewards.append(float(metrics.get("reward_mean", float("nan"))))
+        print(
+            f"[{args.name}] step {step}: reward {rewards[-1]:.3f}, sampling "
+            f"{metrics.get('generation_seconds', 0.0):.1f} s, training "
+            f"{metrics.get('training_seconds', 0.0):.1f} s ({trained_seconds:.0f} s in all)",
+            flush=True,
+        )
+        if step not in marks:
+            continue
+        now = greedy_outcomes(grpo, problems, new_tokens)
+        gain = paired_gain(start, now, names=("sft", f"step {step}"))
+        by_kind = accuracy_by_kind((kinds[pid], right) for pid, right in now.items())
+        mark = {
+            "step": step,
+            "seconds": round(trained_seconds, 1),
+            "accuracy": gain.accuracy_after,
+            "gain": gain.gain,
+            "ci": [gain.ci_low, gain.ci_high],
+            "by_kind": {k: round(v["accuracy"], 3) for k, v in by_kind.items()},
+            "reward_mean_last8": sum(rewards[-8:]) / len(rewards[-8:]),
+        }
+        trial["marks"].append(mark)
+        print(
+            f"[{args.name}] step {step} ({trained_seconds:.0f} s): accuracy "
+            f"{gain.accuracy_after:.3f}, gain {gain.gain:+.3f} [{gain.ci_low:+.3f}, "
+            f"{gain.ci_high:+.3f}], by kind {mark['by_kind']}, "
+            f"reward {mark['reward_mean_last8']:.3f}",
+            flush=True,
+        )
+    trial["start_accuracy"] = sum(start.values()) / len(start)
+    with open(args.out, "a") as out:
+        out.write(json.dumps(trial) + "\n")
+
+
+if __name__ == "__main__":
+    main()
