@@ -114,12 +114,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                     tracker.log_metrics(metrics, step=done)
                     reward_history.append((done, metrics["reward_mean"]))
                     last.update(reward_mean=metrics["reward_mean"], accuracy=metrics["accuracy"])
-                    bar.set_postfix(
-                        reward=f"{metrics['reward_mean']:.3f}",
-                        loss=f"{metrics.get('loss', math.nan):.4f}",
-                        version=metrics["policy_version"],
-                        mem=f"{metrics.get('peak_memory_mb', math.nan):.0f}MB",
-                    )
+                    bar.set_postfix(step_postfix(metrics))
                     if done % config.tracking.log_samples_every == 0 or done == start + 1:
                         tracker.log_table(sample_rows(batch), name="samples", step=done)
                     if done % config.checkpoint.every == 0 or done == config.steps:
@@ -176,3 +171,17 @@ def sample_rows(batch: TensorDictBase, limit: int = 8) -> list[dict]:
         {"prompt": str(p), "response": r, "reward": w}
         for p, r, w in list(zip(prompts, responses, rewards, strict=True))[:limit]
     ]
+
+
+def step_postfix(metrics: dict[str, float]) -> dict[str, str]:
+    """What a GRPO step's log line shows: reward, loss, policy version and peak memory. A step
+    whose groups all lack a reward signal trains nothing (drop-only dynamic sampling): it has no
+    loss or memory figure, and says so instead of printing nan."""
+    trained = "loss" in metrics
+    memory = metrics.get("peak_memory_mb")
+    return {
+        "reward": f"{metrics['reward_mean']:.3f}",
+        "loss": f"{metrics['loss']:.4f}" if trained else "none (no group to train)",
+        "version": str(int(metrics["policy_version"])),
+        "mem": f"{memory:.0f}MB" if memory is not None else "-",
+    }

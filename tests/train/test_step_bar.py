@@ -26,3 +26,26 @@ def test_drawn_bar_shows_the_figures_and_logs_nothing(caplog, capsys):
     bar.close()
     assert caplog.records == []
     assert "loss=1.5" in capsys.readouterr().err
+
+
+def test_a_grpo_step_that_trained_nothing_says_so_instead_of_nan(caplog):
+    from llmrl.stages.grpo import step_postfix
+
+    trained = {"reward_mean": 0.5, "loss": -0.0125, "policy_version": 3.0, "peak_memory_mb": 5437.4}
+    assert step_postfix(trained) == {
+        "reward": "0.500",
+        "loss": "-0.0125",
+        "version": "3",
+        "mem": "5437MB",
+    }
+    # drop-only dynamic sampling: every group all right or all wrong, so no loss was computed
+    untrained = {"reward_mean": 0.662, "policy_version": 20.0}
+    caplog.set_level(logging.INFO, logger="llmrl.stages.common")
+    bar = step_bar("grpo", 19, 48, enabled=False)
+    for _ in bar:
+        bar.set_postfix(step_postfix(untrained))
+        break
+    assert "grpo step 20/48: reward 0.662, loss none (no group to train), version 20, mem -" in (
+        caplog.text
+    )
+    assert "nan" not in caplog.text
