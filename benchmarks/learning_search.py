@@ -26,7 +26,9 @@ from inprocess import InProcessGRPO
 from llmrl.config.grpo import GRPOConfig
 from llmrl.core.config_loading import load_config
 from llmrl.data.prepare import load_prepared
+from llmrl.data.problem import Problem
 from llmrl.envs.task_env import TaskEnv
+from llmrl.envs.tasks import Task
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.eval.kinds import accuracy_by_kind, problem_kind
 from llmrl.eval.paired import paired_gain
@@ -36,10 +38,12 @@ from llmrl.stages.evaluate import answer_all
 REPO = Path(__file__).resolve().parents[1]
 
 
-def greedy_outcomes(grpo: InProcessGRPO, problems: list, new_tokens: int) -> dict[str, bool]:
-    """Per eval problem id: whether the live model's greedy answer is right."""
-    task, _ = prepared_task(grpo.config.data.path)
-    env = TaskEnv(task, problems, 50, 1, shuffle=False, epochs=1)
+def greedy_outcomes(
+    grpo: InProcessGRPO, task: Task, problems: list[Problem], new_tokens: int
+) -> dict[str, bool]:
+    """Per eval problem id: whether the live model's greedy answer is right (batches of 100, as
+    ``configs/eval.yaml``)."""
+    env = TaskEnv(task, problems, 100, 1, shuffle=False, epochs=1)
     policy = TransformersWrapper(
         grpo.model,
         grpo.tokenizer,
@@ -76,13 +80,14 @@ def main() -> None:
     new_tokens = config.generation.max_new_tokens
     marks = sorted(int(m) for m in args.eval_at.split(","))
 
-    start = greedy_outcomes(grpo, problems, new_tokens)
+    start = greedy_outcomes(grpo, task, problems, new_tokens)
+    start_accuracy = sum(start.values()) / len(start)
     trial = {"name": args.name, "set": args.set, "steps": args.steps, "marks": []}
+    trial["start_accuracy"] = start_accuracy
     start_kinds = accuracy_by_kind((kinds[pid], right) for pid, right in start.items())
     trial["start_by_kind"] = {k: round(v["accuracy"], 3) for k, v in start_kinds.items()}
     print(
-        f"[{args.name}] step 0: accuracy {sum(start.values()) / len(start):.3f}, "
-        f"by kind {trial['start_by_kind']}",
+        f"[{args.name}] step 0: accuracy {start_accuracy:.3f}, by kind {trial['start_by_kind']}",
         flush=True,
     )
     trained_seconds, rewards = 0.0, []
@@ -99,7 +104,7 @@ def main() -> None:
         )
         if step not in marks:
             continue
-        now = greedy_outcomes(grpo, problems, new_tokens)
+        now = greedy_outcomes(grpo, task, problems, new_tokens)
         gain = paired_gain(start, now, names=("sft", f"step {step}"))
         by_kind = accuracy_by_kind((kinds[pid], right) for pid, right in now.items())
         mark = {
@@ -119,7 +124,6 @@ def main() -> None:
             f"reward {mark['reward_mean_last8']:.3f}",
             flush=True,
         )
-    trial["start_accuracy"] = sum(start.values()) / len(start)
     with open(args.out, "a") as out:
         out.write(json.dumps(trial) + "\n")
 
