@@ -91,7 +91,8 @@ class LLMWrapperBase(ABC):
         num_samples: responses per prompt (G); default ``generate_kwargs["n"]`` or 1.
         chat_template: None (the tokenizer's template) or a built-in format name.
         min_batch_size, max_batch_size, batching_timeout: when a batch size is given, calls from
-            many threads are served together in batches (see :class:`RequestBatcher`).
+            many threads are served together in batches of that many rows (a call of a batch
+            ``[B]`` counts B; see :class:`RequestBatcher`).
     """
 
     def __init__(
@@ -149,7 +150,7 @@ class LLMWrapperBase(ABC):
         }
         self._batcher: RequestBatcher | None = None
         if min_batch_size is not None or max_batch_size is not None:
-            self._batcher = RequestBatcher(self._forward_many, **self.batching)
+            self._batcher = RequestBatcher(self._forward_many, **self.batching, size=_request_rows)
 
     @property
     def num_samples(self) -> int:
@@ -300,3 +301,8 @@ def _merge_num_samples(
             f"{requested}; set one of them"
         )
     return config.replace(num_return_sequences=num_samples)
+
+
+def _request_rows(td: TensorDictBase) -> int:
+    """The rows one policy call asks for: B for a batch ``[B]``, 1 for a single row."""
+    return 1 if td.batch_dims == 0 else int(td.batch_size[0])

@@ -28,9 +28,13 @@ class RequestBatcher(Generic[Req, Res]):
 
     Semantics:
 
-    * The worker waits until at least ``min_batch_size`` requests are pending, or until
-      ``timeout`` seconds have passed since the *oldest* pending request arrived, then takes up to
-      ``max_batch_size`` requests in FIFO order. A lone request is served after ~``timeout``.
+    * Sizes count ``size(request)`` per request (default 1: requests; a policy counts a
+      request's rows, so an engine waiting for a step's 64 rows serves two workers' 32-row
+      requests as soon as both are in, not after ``timeout``).
+    * The worker waits until requests of total size at least ``min_batch_size`` are pending, or
+      until ``timeout`` seconds have passed since the *oldest* pending request arrived, then
+      takes requests in FIFO order while their total stays within ``max_batch_size`` (always at
+      least one). A lone small request is served after ~``timeout``.
     * If ``process`` raises, every request of that batch gets that exception; if it returns the
       wrong number of results, every request gets a ``RuntimeError``. Later batches still run.
     * Requests whose future was cancelled before their batch started are skipped (they still
@@ -56,6 +60,7 @@ class RequestBatcher(Generic[Req, Res]):
         max_batch_size: int = 32,
         timeout: float = 0.05,
         name: str = "llmrl-batcher",
+        size: Callable[[Req], int] | None = None,
     ) -> None:
         if min_batch_size < 1:
             raise ValueError(f"min_batch_size must be >= 1, got {min_batch_size}")
@@ -70,8 +75,10 @@ class RequestBatcher(Generic[Req, Res]):
         self.max_batch_size = max_batch_size
         self.timeout = timeout
         self.name = name
+        self._size = size or (lambda _request: 1)
         self._cond = threading.Condition()
         self._queue: deque[tuple[Req, Future[Res], float]] = deque()
+        self._queued = 0  # total size of the queued requests
         self._closed = False
         self._drain = False
         self._thread: threading.Thread | None = None
@@ -96,6 +103,7 @@ class RequestBatcher(Generic[Req, Res]):
             if self._closed:
                 raise BatchingClosedError(f"{self.name} is closed")
             self._queue.append((request, future, time.monotonic()))
+            self._queued += self._size(request)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -126,6 +134,7 @@ class RequestBatcher(Generic[Req, Res]):
                 self._drain = False
                 cancelled = list(self._queue)
                 self._queue.clear()
+                self._queued = 0
             self._cond.notify_all()
             thread = self._thread
         for _, future, _ in cancelled:
@@ -148,14 +157,19 @@ class RequestBatcher(Generic[Req, Res]):
             if not self._queue:
                 self._cond.wait()
                 continue
-            if self._closed or len(self._queue) >= self.min_batch_size:
+            if self._closed or self._queued >= self.min_batch_size:
                 break
             remaining = self._queue[0][2] + self.timeout - time.monotonic()
             if remaining <= 0:
                 break
             self._cond.wait(remaining)
-        size = min(len(self._queue), self.max_batch_size)
-        return [self._queue.popleft() for _ in range(size)]
+        batch = [self._queue.popleft()]
+        total = self._size(batch[0][0])
+        while self._queue and total + self._size(self._queue[0][0]) <= self.max_batch_size:
+            total += self._size(self._queue[0][0])
+            batch.append(self._queue.popleft())
+        self._queued -= total
+        return batch
 
     def _run(self) -> None:
         while True:

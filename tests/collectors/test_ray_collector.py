@@ -23,7 +23,7 @@ def collector(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: ca
 
     collector = RayLLMCollector(
         ArithmeticEnvFactory(batch_size=2, repeats=2, num_problems=10),
-        TinyPolicyFactory(seed=0, min_batch_size=2),
+        TinyPolicyFactory(seed=0, min_batch_size=8),  # a round's rows: 2 workers x 2 x 2
         num_env_workers=2,
         dialog_turns_per_batch=8,
         total_dialog_turns=16,

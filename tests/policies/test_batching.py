@@ -308,3 +308,30 @@ def test_close_tolerates_requests_the_caller_already_cancelled():
     batcher.close()
     assert dropped.cancelled()
     assert isinstance(kept.exception(timeout=5), BatchingClosedError)
+
+
+@pytest.mark.timeout(30)
+def test_sizes_count_rows_a_full_batch_is_served_at_once_not_after_the_timeout():
+    # the GRPO engine's case: it waits for a step's rows (min 8 here), two workers send 4 each
+    process = Recorder()
+    rows = len  # a request is a list of rows
+    with RequestBatcher(process, min_batch_size=8, max_batch_size=8, timeout=LONG, size=rows) as b:
+        first = b.submit([1, 2, 3, 4])
+        time.sleep(0.05)
+        assert not first.done(), "4 of 8 rows: the batcher must wait for more"
+        second = b.submit([5, 6, 7, 8])
+        # served now: waiting for the LONG timeout would trip pytest-timeout
+        assert first.result(timeout=10) == [1, 2, 3, 4] * 10
+        assert second.result(timeout=10) == [5, 6, 7, 8] * 10
+    assert process.batches == [[[1, 2, 3, 4], [5, 6, 7, 8]]]
+
+
+@pytest.mark.timeout(30)
+def test_max_batch_size_caps_the_rows_of_a_batch_and_an_oversized_request_goes_alone():
+    process = Recorder()
+    batcher = RequestBatcher(process, min_batch_size=1, max_batch_size=6, timeout=LONG, size=len)
+    with batcher._cond:  # queue all four before the worker looks
+        futures = [batcher.submit(list(range(n))) for n in (4, 2, 7, 3)]
+    assert [len(f.result(timeout=10)) for f in futures] == [40, 20, 70, 30]  # their own
+    batcher.close()
+    assert [[len(r) for r in batch] for batch in process.batches] == [[4, 2], [7], [3]]
