@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from llmrl.policies.generation_kwargs import GenerationKwargs
-from llmrl.policies.prompt_cache import prompt_prefix_cache
+from llmrl.policies.prompt_cache import common_prefix_cache, prompt_prefix_cache
 from llmrl.policies.response_scoring import token_log_probs
 
 
@@ -93,9 +93,12 @@ def decode(
     eos_token_ids: set[int],
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to ``config.max_new_tokens`` after each left-padded prompt row, drawing from
-    ``generator`` (None: the global generator).
+    ``generator`` (None: the global generator). ``share_prefix``: prefill the token prefix that
+    all rows share once (:func:`~llmrl.policies.prompt_cache.common_prefix_cache`), else each
+    distinct row once.
 
     Returns ``[N, T]`` generated ids (``pad_token_id`` after a row's end token) and the
     log-prob of each under the raw logits (0 where padded).
@@ -103,8 +106,13 @@ def decode(
     rows, steps = len(input_ids), config.max_new_tokens
     device = input_ids.device
     # every prompt token but the last, which the first step feeds
-    cache = prompt_prefix_cache(model, input_ids, attention_mask)
-    mask = attention_mask.long()
+    common = common_prefix_cache(model, input_ids, attention_mask) if share_prefix else None
+    if common is not None:
+        cache, mask = common
+        mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+    else:
+        cache = prompt_prefix_cache(model, input_ids, attention_mask)
+        mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     current = input_ids[:, -1:]
     eos = torch.tensor(sorted(eos_token_ids), device=device)

@@ -67,6 +67,13 @@ class TransformersWrapper(LLMWrapperBase):
     at a time (:mod:`llmrl.policies.chunked_log_probs`): the fp32 ``[rows, positions, vocab]``
     logits never exist at once, in forward or backward, for one extra output-layer matmul per
     chunk in backward. ``None`` computes full logits (as ``return_logits=True`` always does).
+
+    ``share_prompt_prefix=True`` prefills the token prefix that all prompts of a call share
+    once, not once per prompt (:func:`~llmrl.policies.prompt_cache.common_prefix_cache`): for
+    batches of many different prompts with one system prompt, as evaluations are. Off by
+    default: the prefix's keys and values, computed on one row instead of N, differ in the last
+    bits, so seeded samples would differ from those of earlier runs, and a GRPO step's 8
+    distinct prompts (each prefilled once already) would save little.
     """
 
     def __init__(
@@ -76,24 +83,28 @@ class TransformersWrapper(LLMWrapperBase):
         *,
         compile_decode: bool | None = None,
         log_prob_chunk_size: int | None = DEFAULT_LOG_PROB_CHUNK_SIZE,
+        share_prompt_prefix: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(tokenizer, **kwargs)
         self.model = model
         self.compile_decode = compile_decode
+        self.share_prompt_prefix = share_prompt_prefix
         if log_prob_chunk_size is not None and log_prob_chunk_size < 1:
             raise ValueError(f"log_prob_chunk_size must be >= 1 or None, got {log_prob_chunk_size}")
         self.log_prob_chunk_size = log_prob_chunk_size
         self.compile_seconds: float | None = None  # the first compiled call's time, compile incl.
 
     def get_new_version(self, **changes: Any) -> TransformersWrapper:
-        """See :meth:`LLMWrapperBase.get_new_version`; ``compile_decode`` and
-        ``log_prob_chunk_size`` may change too."""
+        """See :meth:`LLMWrapperBase.get_new_version`; ``compile_decode``,
+        ``log_prob_chunk_size`` and ``share_prompt_prefix`` may change too."""
         compile_decode = changes.pop("compile_decode", self.compile_decode)
         chunk_size = changes.pop("log_prob_chunk_size", self.log_prob_chunk_size)
+        share_prefix = changes.pop("share_prompt_prefix", self.share_prompt_prefix)
         twin = super().get_new_version(**changes)
         twin.compile_decode = compile_decode
         twin.log_prob_chunk_size = chunk_size
+        twin.share_prompt_prefix = share_prefix
         return twin
 
     @property
@@ -151,6 +162,7 @@ class TransformersWrapper(LLMWrapperBase):
                 self.eos_token_ids,
                 self.pad_token_id,
                 generator,
+                share_prefix=self.share_prompt_prefix,
             )
         lengths, finished = self._response_lengths(generated, config)
         return [

@@ -151,7 +151,10 @@ def _policy_factory(
         device=config.model.device,
         **config.model.load_options,
     )
-    return lambda kwargs: TransformersWrapper(model, tokenizer, generate_kwargs=kwargs)
+    # every prompt starts with the same system prompt and chat header: prefilled once per batch
+    return lambda kwargs: TransformersWrapper(
+        model, tokenizer, generate_kwargs=kwargs, share_prompt_prefix=True
+    )
 
 
 def _summarise(

@@ -136,3 +136,61 @@ def test_finished_rows_leave_the_batch(eos_model, tokenizer):
 def test_settings_the_loop_lacks_go_to_generate():
     assert decode_loop.supports(GenerationKwargs(top_k=5, top_p=0.9, temperature=0.5))
     assert not decode_loop.supports(GenerationKwargs(repetition_penalty=1.2))
+
+
+def _shared_start_prompts(tokenizer) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Left-padded prompts that start with the same 12+ tokens and differ after (an eval batch:
+    one system prompt, different questions of different lengths), and the shared length."""
+    system = "You are a careful assistant. Answer with the number only, after four hashes."
+    questions = ["What is 12 + 7?", "What is 3 - 45 minus 2?", "Sum?", "What is 99 + 1?"]
+    head = tokenizer(system, add_special_tokens=False)["input_ids"]
+    ids = [
+        torch.tensor(head + tokenizer(" " + q, add_special_tokens=False)["input_ids"])
+        for q in questions
+    ]
+    input_ids, mask = pad_sequences(ids, "left", tokenizer.pad_token_id)
+    return input_ids, mask.long(), len(head)
+
+
+def test_common_prefix_cache_gives_each_row_its_own_next_token_distribution(tiny, tokenizer):
+    """The next-token logits after the cached prompt equal those of each unpadded prompt run
+    alone (fp32: a few float32 roundings of O(1) activations, so 1e-4 is loose)."""
+    from llmrl.policies.prompt_cache import common_prefix_cache
+
+    input_ids, mask, head = _shared_start_prompts(tokenizer)
+    cache, cache_mask = common_prefix_cache(tiny, input_ids, mask)
+    lengths = mask.sum(-1)
+    assert cache_mask[:, :head].all(), "the shared system prompt is one block of ones"
+    assert torch.equal(cache_mask.sum(-1), lengths - 1), "each row's prompt but its last token"
+    step_mask = torch.cat([cache_mask, cache_mask.new_ones(len(mask), 1)], dim=1)
+    logits = tiny(
+        input_ids=input_ids[:, -1:],
+        attention_mask=step_mask,
+        position_ids=(lengths - 1)[:, None],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits[:, -1]
+    for row, length in enumerate(lengths.tolist()):
+        alone = tiny(input_ids=input_ids[row : row + 1, -length:]).logits[0, -1]
+        torch.testing.assert_close(logits[row], alone, atol=1e-4, rtol=0)
+
+
+def test_common_prefix_cache_needs_a_common_prefix(tiny, tokenizer):
+    from llmrl.policies.prompt_cache import common_prefix_cache
+
+    input_ids, mask = _prompts(tokenizer)  # three unrelated prompts
+    assert common_prefix_cache(tiny, input_ids, mask) is None
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "eos_model"])
+def test_greedy_decoding_with_a_shared_prefix_gives_the_same_tokens(model_name, tokenizer, request):
+    model = request.getfixturevalue(model_name)
+    input_ids, mask, _ = _shared_start_prompts(tokenizer)
+    config = GenerationKwargs(max_new_tokens=10, do_sample=False)
+    eos = tokenizer.eos_token_id
+    plain, plain_lp = decode_loop.decode(model, input_ids, mask, config, {eos}, eos)
+    shared, shared_lp = decode_loop.decode(
+        model, input_ids, mask, config, {eos}, eos, share_prefix=True
+    )
+    assert torch.equal(shared, plain)
+    torch.testing.assert_close(shared_lp, plain_lp, atol=1e-4, rtol=0)

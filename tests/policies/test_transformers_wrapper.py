@@ -376,3 +376,40 @@ def test_by_default_a_cpu_model_samples_with_the_decode_loop(tiny, tokenizer, mo
 
     monkeypatch.setattr(tiny, "generate", no_generate)
     assert len(policy(history_batch())["tokens"].as_list("response")) == 3
+
+
+def test_share_prompt_prefix_reaches_the_decode_loop_and_survives_new_versions(
+    tiny, tokenizer, monkeypatch
+):
+    """The option is what the decode loop gets (on for the eval stage's policies, off by
+    default), a twin keeps it, and chats that share a system prompt answer as without it."""
+    from llmrl.policies import decode_loop
+
+    system = {"role": "system", "content": "Answer with the number only, after four hashes."}
+    chats = [[system, {"role": "user", "content": q}] for q in ("1 + 1?", "What is 20 - 3?")]
+    greedy = {"max_new_tokens": 5, "do_sample": False}
+    seen = []
+    real = decode_loop.decode
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("share_prefix"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode_loop, "decode", recording)
+    plain = _policy(tiny, tokenizer, generate_kwargs=greedy)
+    shared = plain.get_new_version(share_prompt_prefix=True)
+    assert not plain.share_prompt_prefix and shared.get_new_version().share_prompt_prefix
+    expected = plain(history_batch(chats))["tokens"].as_list("response")
+    got = shared(history_batch(chats))["tokens"].as_list("response")
+    assert seen == [False, True]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_the_eval_stage_prefills_the_shared_system_prompt_once(tokenizer, monkeypatch, tmp_path):
+    from llmrl.config.evaluate import EvalConfig
+    from llmrl.stages import evaluate
+
+    monkeypatch.setattr(evaluate, "load_model", lambda *args, **kwargs: object())
+    config = EvalConfig(data={"path": str(tmp_path)}, output_dir=str(tmp_path), label="m")
+    make = evaluate._policy_factory(config, tokenizer)
+    assert make({"max_new_tokens": 4}).share_prompt_prefix
