@@ -70,7 +70,8 @@ class TransformersWrapper(LLMWrapperBase):
 
     ``share_prompt_prefix=True`` prefills the token prefix that all prompts of a call share
     once, not once per prompt (:func:`~llmrl.policies.prompt_cache.common_prefix_cache`): for
-    batches of many different prompts with one system prompt, as evaluations are. Off by
+    batches of many different prompts with one system prompt, as evaluations are (the decode
+    loop's; the compiled decode and ``generate`` prefill each distinct prompt once). Off by
     default: the prefix's keys and values, computed on one row instead of N, differ in the last
     bits, so seeded samples would differ from those of earlier runs, and a GRPO step's 8
     distinct prompts (each prefilled once already) would save little.
