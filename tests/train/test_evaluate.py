@@ -118,7 +118,8 @@ def _script(monkeypatch: pytest.MonkeyPatch, policy_cls: type) -> dict[str, Scri
     ``policy_cls``; returns them by kind once made."""
     made: dict[str, ScriptedPolicy] = {}
 
-    def policy(model, tokenizer, generate_kwargs):
+    def policy(model, tokenizer, generate_kwargs, **options):
+        assert options == {"share_prompt_prefix": True}  # one system prompt for all problems
         greedy = generate_kwargs.get("do_sample") is False
         assert greedy or generate_kwargs["max_new_tokens"] == 16  # sampling settings passed
         return made.setdefault("greedy" if greedy else "sampled", policy_cls(greedy))
