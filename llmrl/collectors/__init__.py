@@ -22,7 +22,8 @@ from llmrl.collectors.llm_collector import (
     StepResult,
     TrajectoryRunner,
 )
-from llmrl.collectors.ray_collector import EnvWorker, InferenceActor, RayLLMCollector
+from llmrl.collectors.ray_actors import EnvWorker, InferenceActor
+from llmrl.collectors.ray_collector import RayLLMCollector
 
 __all__ = [
     "AsyncRollouts",

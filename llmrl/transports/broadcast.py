@@ -23,7 +23,7 @@ One push (:meth:`BroadcastSender.send`, :meth:`BroadcastReceiver.receive`):
    :class:`~llmrl.core.weights_checksum.WeightChecksumError` and leaves the model as it was.
 
 :class:`BroadcastWeightUpdater` is the weight transport on top: the trainer (rank 0) sends, and
-Ray inference actors (:class:`~llmrl.collectors.ray_collector.InferenceActor`) receive, load
+Ray inference actors (:class:`~llmrl.collectors.ray_actors.InferenceActor`) receive, load
 and report the checksum of what they then hold.
 """
 
@@ -312,7 +312,7 @@ class BroadcastWeightUpdater(WeightUpdater):
     Args:
         inference_actors: actor handles with ``join_weight_group(membership)`` (a
             :class:`GroupMembership`) and ``receive_weights() -> checksum`` (an
-            :class:`~llmrl.collectors.ray_collector.InferenceActor`).
+            :class:`~llmrl.collectors.ray_actors.InferenceActor`).
         address: this process's address as the actors see it.
         backend: ``"gloo"`` or ``"nccl"``; None: nccl when CUDA is available here, else gloo.
         bucket_bytes: bytes per bucket.

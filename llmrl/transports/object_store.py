@@ -14,7 +14,7 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
     """Weights to Ray inference actors through the object store (one ``ray.put``).
 
     Args:
-        inference_actors: actor handles of :class:`~llmrl.collectors.ray_collector.
+        inference_actors: actor handles of :class:`~llmrl.collectors.ray_actors.
             InferenceActor` (``load_state_dict(weights, version, checksum)``, which verifies,
             loads and returns the checksum of what it then holds) or of
             :class:`~llmrl.policies.vllm_engine.VLLMEngine` (``load_weights``, which verifies
