@@ -165,8 +165,11 @@ class RequestBatcher(Generic[Req, Res]):
             self._cond.wait(remaining)
         batch = [self._queue.popleft()]
         total = self._size(batch[0][0])
-        while self._queue and total + self._size(self._queue[0][0]) <= self.max_batch_size:
-            total += self._size(self._queue[0][0])
+        while self._queue:
+            size = self._size(self._queue[0][0])
+            if total + size > self.max_batch_size:
+                break
+            total += size
             batch.append(self._queue.popleft())
         self._queued -= total
         return batch
