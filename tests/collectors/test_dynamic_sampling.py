@@ -48,6 +48,7 @@ def test_rounds_are_collected_until_the_step_holds_the_wanted_informative_groups
     step = _sampler().sample(collect)
     assert collect.calls == [0, 1, 2]
     assert step.trained["group_id"].tolist() == [0, 0, 3, 3, 6, 6, 9, 9]
+    # +-0.5 / (std 0.5 + eps 1e-6) = +-(1 - 2e-6): abs=1e-5 covers eps, not a wrong group
     assert step.trained["advantage"].tolist() == pytest.approx([-1.0, 1.0] * 4, abs=1e-5)
     assert step.batch.batch_size[0] == 3 * PROMPTS * G  # every row sampled, all rounds
     assert not step.underfilled

@@ -54,7 +54,7 @@ def test_hostile_tool_code_does_not_take_the_env_down():
     assert "fine" in replies[1]
 
 
-@pytest.mark.slow(seconds=30)
+@pytest.mark.slow
 def test_real_smollm2_episodes_on_arithmetic_and_gsm8k(tokenizer):
     from llmrl.models import load_model
 

@@ -99,7 +99,7 @@ def _logs(flow_run_id: Any, text: str) -> list[str]:
     return [log["message"] for log in logs if text in log["message"]]
 
 
-@pytest.mark.slow(seconds=95)
+@pytest.mark.slow
 def test_pipeline_completes_with_artifacts(first_run) -> None:
     assert first_run.is_completed(), first_run.message
     summary = first_run.result()
@@ -171,6 +171,7 @@ def test_every_stage_nests_its_mlflow_run_under_the_parent(first_run, params) ->
     for gain in ("sft_over_base", "grpo_over_sft", "grpo_over_base"):
         for suffix in ("", "_ci_low", "_ci_high", "_p_mcnemar"):
             key = f"gain/{gain}{suffix}"
+            # the same float64 through MLflow: equal (approx's default rel=1e-6)
             assert parent.data.metrics[key] == pytest.approx(summary["metrics"][key])
     artifacts = {item.path for item in client.list_artifacts(parent_id)}
     assert {"pipeline_summary.md", "evaluation.json"} <= artifacts

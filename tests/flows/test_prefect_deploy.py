@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=35)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TEMPLATE = REPO / "k8s" / "prefect-work-pool-job-template.json"

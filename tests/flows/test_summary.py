@@ -81,7 +81,7 @@ def test_gains_and_their_intervals_by_hand(summary) -> None:
     for pair, (gain, low, high, p, improved, regressed) in expected.items():
         found = gains[pair]
         assert (found["gain"], found["ci_low"], found["ci_high"]) == (gain, low, high), pair
-        assert found["p_value"] == pytest.approx(p), pair
+        assert found["p_value"] == pytest.approx(p), pair  # float64 binomial sums: ~1e-16 rel
         assert (found["improved"], found["regressed"], found["note"]) == (improved, regressed, None)
     assert [g["previous"] for g in summary["gains"]] == [True, True, False]
     assert summary["kinds"] == ["*", "+", "-"]

@@ -85,8 +85,12 @@ def test_wrapped_model_trains_a_step_like_a_single_process(
     loss = _step(wrapped)
     after = _full(wrapped)
     assert all(p.dtype == torch.float32 for p in distributed.unwrap(wrapped).parameters())
-    assert loss == pytest.approx(single_loss, rel=1e-2)  # bf16 compute either way
-    # AdamW's first step moves every element with a gradient by ~lr: the same distance
+    # bf16 compute either way, cast in different places (autocast vs FSDP2's policy): logits
+    # rounded to 2^-8 of their size a few times over, a mean NLL within ~1% of itself
+    assert loss == pytest.approx(single_loss, rel=1e-2)
+    # AdamW's first step moves every element with a gradient by ~lr (a uniform scale such as
+    # clipping cancels in g / |g|): the same distance but for elements whose gradient is within
+    # bf16 rounding of 0 in one run; 5e-3 is an engineering bound, not measured here (no CUDA)
     assert _distance(after, start) == pytest.approx(_distance(single_after, start), rel=5e-3)
     if strategy == "ddp":  # one rank: DDP's averaged gradient is the process's own
         for name in start:

@@ -13,7 +13,9 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.objectives import grpo_objective
 from llmrl.objectives.mismatch import MismatchCorrection
 
-# float32: each weight is one exp of a difference of two float32 numbers (a few ulps)
+# float32: each weight is one exp of a difference of two float32 numbers: a few ulps, ~1e-6
+# of weights <= 4 (allclose adds its default rtol=1e-5). Fractions k / n are one fp32
+# division: 6e-8 relative, within approx's default rel=1e-6.
 TOL = 1e-6
 
 # two sequences, ragged: row 0 trains 3 tokens, row 1 trains 2 (position 2 is padding)

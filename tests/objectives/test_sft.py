@@ -26,6 +26,9 @@ MASK = torch.tensor([[False, True, True, False], [False, True, True, True]])
 LOG_PROBS = torch.tensor([[PAD, -1.0, -2.0, PAD], [PAD, -0.5, -1.5, -3.0]])
 GAP = torch.tensor([[0.0, 2.0, -2.0, 0.0], [0.0, 1.0, 0.0, -1.0]])  # log_probs - ref
 REF = LOG_PROBS - GAP
+# Hand-computed values: a few fp32 ops (exp, log1p, means) on values <= 4.4, each rounding by
+# <= eps * 4.4 = 5e-7: ATOL is > 10x that; a wrong mask, reduction or sign moves a result by
+# O(0.1).
 ATOL = 1e-5
 
 
@@ -39,6 +42,7 @@ def test_nll_reductions():
     assert out.loss_sft.item() == pytest.approx(8 / 5, abs=ATOL)
     assert out.sft.item() == pytest.approx(8 / 5, abs=ATOL)
     assert out.minor_sft is None and out.kl_to_ref is None
+    # small dyadic values: fp32 sums them exactly (approx's default rel=1e-6 is more than enough)
     assert sft_objective(LOG_PROBS, MASK, reduction="sum").loss_sft.item() == pytest.approx(8.0)
     per_row = sft_objective(LOG_PROBS, MASK, reduction="none").loss_sft
     assert per_row.tolist() == pytest.approx([3.0, 5.0])
@@ -166,6 +170,9 @@ def test_sft_loss_on_chats_matches_a_direct_computation(actor, chats, tiny, toke
             total -= token_log_p[assistant[1:].bool()].sum().item()
             count += int(assistant[1:].sum())
     assert count > 2 * len(CHATS)  # both turns of chat 1 count
+    # batched, padded scoring against one sequence at a time: each log-prob within
+    # log_prob_atol (~3e-4, sums over the vocabulary in another order) of a mean NLL of ~11:
+    # rel=1e-4 allows 1e-3 (measured 0); a wrong mask or shift moves it by >= 0.01
     assert out.loss_sft.item() == pytest.approx(total / count, rel=1e-4)
     assert out.loss_sft.item() > 0
 
@@ -175,7 +182,8 @@ def test_minor_sft_and_kl_with_the_same_model_as_reference(actor, chats):
         reference = actor.get_new_version(generate=False)(chats)["log_probs"]
     chats["ref_log_probs"] = reference
     out = SFTLoss(actor, loss_function="minor_sft", beta=0.5, kl_to_ref_coeff=0.1)(chats)
-    # log_probs == ref: every token costs -log_sigmoid(0) = log 2, the KL is 0
+    # log_probs == ref: every token costs -log_sigmoid(0) = log 2, the KL is 0 (the same
+    # scorer on the same batch: bitwise equal log-probs, so log 2 and 0 up to ~1 ulp)
     assert out.loss_sft.item() == pytest.approx(math.log(2), abs=1e-5)
     assert out.kl_to_ref.item() == pytest.approx(0.0, abs=1e-5)
     out.loss.backward()
@@ -201,6 +209,8 @@ def test_sft_loss_in_tokens_mode_trains_on_earlier_assistant_turns(tiny, tokeniz
         prompt_turns = rollout["masks"].as_list("assistant")[row][:prompt_len]
         assert prompt_turns.any() == (row == 2)
         if row < 2:
+            # <= 4 tokens' sampling vs scoring gaps, each <= log_prob_atol (~3e-4), summed
+            # independently: ~2 of it, 6.6e-4 <= 1e-3 (measured 0)
             expected = -rollout["log_probs"].as_list("response")[row].sum()
             assert per_row[row].item() == pytest.approx(expected.item(), abs=1e-3)
     assert per_row[2] > -rollout["log_probs"].as_list("response")[2].sum()

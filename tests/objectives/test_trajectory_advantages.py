@@ -1,5 +1,9 @@
 """MCAdvantage on multi-turn episodes: one advantage per trajectory (from its final reward),
-written on every turn's row; groups complete once their G trajectories are done."""
+written on every turn's row; groups complete once their G trajectories are done.
+
+Tolerance: as in test_advantages.py, a few float32 roundings of values ~1 (<= 5e-7), within
+``abs=1e-6`` and approx's default ``rel=1e-6``.
+"""
 
 from __future__ import annotations
 

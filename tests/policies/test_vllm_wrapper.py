@@ -154,6 +154,7 @@ def test_num_samples_groups_by_prompt_with_finished_flags(tokenizer):
         assert [bool(r.is_complete) for r in replies] == [True, False, True]
         assert all(r.role == "assistant" for r in replies)
         lps = group["log_probs"].as_list("response")
+        # the fake engine's float64 log-probs stored as float32, as the literals are: equal
         assert torch.allclose(lps[2], torch.tensor([-0.1, -0.2, -0.3, -0.4, -0.5]))
         assert _messages(group["history"].prompt[0]) == _messages(PROMPTS[b])
 
@@ -215,6 +216,7 @@ def test_scoring_through_the_policy_api(tokenizer):
     assert padded.shape == real.shape and padded.shape[0] == 6
     for row, tokens in enumerate(full):
         expected = [0.0] + [-(t % 7) - 0.25 for t in tokens[1:].tolist()]
+        # the fake engine's log-probs are quarters: exact in float32
         assert padded[row][real[row]].tolist() == pytest.approx(expected)
         assert (padded[row][~real[row]] == 0).all()
 

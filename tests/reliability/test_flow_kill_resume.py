@@ -35,7 +35,7 @@ from tests.train.conftest import (  # noqa: F401 (a session fixture: the tiny mo
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=105)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXPERIMENT = "flow-kill-resume"
 GRPO_STEPS = 3

@@ -39,7 +39,7 @@ from tests.train.conftest import (  # noqa: F401 (session fixtures: the model, t
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=360)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 4
 EVERY = 2  # checkpoints at steps 2 and 4: a kill in step 1 or 2 resumes with no checkpoint

@@ -29,7 +29,7 @@ from tests.reliability.dying_actors import DyingEnvFactory, DyingPolicyFactory, 
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=65)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TURNS = 16  # a batch: each of 2 workers resets twice (2 prompts x 2 samples, one turn each)
 REPO = Path(__file__).resolve().parents[2]
@@ -126,6 +126,8 @@ def test_inference_actor_killed_mid_batch_comes_back_with_the_pushed_weights(
     local = TransformersWrapper(trainer, tokenizer).get_new_version(generate=False)
     expected = local(batch).get("log_probs").as_list("full")
     scored = ray.get(actor.score.remote(batch)).get("log_probs").as_list("full")
+    # the same weights, forward and shapes in another process on the same CPU: bitwise equal
+    # (assert_close's fp32 defaults would allow a few ulp of |log p| ~ 12)
     for got, want in zip(scored, expected, strict=True):
         torch.testing.assert_close(got, want)
 

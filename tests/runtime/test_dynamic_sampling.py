@@ -55,6 +55,7 @@ def _check_step(
     assert before_last < PROMPTS <= sum(signal)  # stopped at the first round that filled it
     assert metrics["resampled_groups"] == (rounds - 1) * PROMPTS
     assert metrics["zero_std_groups"] == len(groups) - sum(signal)
+    # a ratio of counts, one division each side (approx's default rel=1e-6 is ample)
     assert metrics["informative_group_fraction"] == pytest.approx(sum(signal) / len(groups))
     assert metrics["trained_groups"] == PROMPTS
     assert metrics["surplus_groups"] == sum(signal) - PROMPTS

@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 from llmrl.core.faults import FAULT_ENV
 from tests.train.conftest import REPO, cli_env, metric_steps, metric_values
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=65)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONFIG = REPO / "configs" / "grpo-distributed.yaml"
 PER_STEP = (

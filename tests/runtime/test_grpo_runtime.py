@@ -13,7 +13,7 @@ from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
 from tests.train.conftest import stage_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=70)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _config(data: Path, model: Path, *overrides: str, **fields) -> GRPOConfig:

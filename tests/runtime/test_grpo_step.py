@@ -95,6 +95,7 @@ def test_a_step_reports_every_metric_and_moves_the_counters():
     assert metrics["skipped_steps"] == 1 and parts.counters["skipped_steps"] == 1
     assert metrics["policy_version"] == 1 and metrics["staleness"] == 0
     assert metrics["weight_sync_bytes"] == 1234.0
+    # the same float64 division as the step's (approx's default rel=1e-6 allows a rounding)
     assert metrics["tokens_per_second"] == pytest.approx(10 / metrics["generation_seconds"])
     assert list(parts.trained_versions) == [(0, [0, 0, 0, 0])]
 

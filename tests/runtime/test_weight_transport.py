@@ -12,7 +12,7 @@ from llmrl.runtime.ray_cluster import actor_runtime_env
 from llmrl.topology import Topology
 from tests.train.conftest import stage_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=70)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_the_broadcast_transport_carries_every_push_of_a_run(

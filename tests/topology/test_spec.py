@@ -243,6 +243,7 @@ def test_local_default_fits_a_two_core_machine():
 def test_totals_of_the_chart_topologies(example, gpus, cpus, memory_gb):
     topology = Topology.model_validate(chart_topology(example))
     assert topology.total_gpus == gpus
+    # float64 sums of a few decimal amounts (e.g. 0.5 CPU): ~1e-16 relative, within approx's rel
     assert topology.total_cpus == pytest.approx(cpus)
     assert topology.total_memory_gb == pytest.approx(memory_gb)
 

@@ -1,6 +1,11 @@
 """The evaluation stage on a scripted case: a prepared dataset whose answers the test controls,
 a scripted policy, and accuracy / pass@k / accuracy per problem kind checked against
-hand-computed values."""
+hand-computed values.
+
+Tolerance: the values are float64 ratios of counts (pass@k a product of a few of them), a few
+ulps off the decimals written here; MLflow and the summary file keep the same float64. Approx's
+default ``rel=1e-6`` is ample, while one miscounted sample moves a value by >= 0.02.
+"""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from llmrl.stages.grpo import run_grpo
 from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
 from tests.train.conftest import metric_values, run_id_of, stage_config
 
-pytestmark = pytest.mark.slow(seconds=70)
+pytestmark = pytest.mark.slow
 
 CODE = "```python\n\nprint(2)"
 """The model's tool call: an open python block (it runs to the end of the reply)."""
@@ -234,6 +234,8 @@ def test_grpo_trains_multi_turn_python_tool_episodes(
             std = final.std(correction=0)
             expected = (final - final.mean()) / (std + 1e-6) if std > 0 else final * 0
             for trajectory, value in zip(trajectories.values(), expected.tolist(), strict=True):
+                # the estimator's own float32 formula, in another order: a few roundings
+                # of values <= ~2 (<= 1e-6)
                 assert [float(row["advantage"]) for row in trajectory] == pytest.approx(
                     [value] * len(trajectory), abs=1e-5
                 )

@@ -48,7 +48,9 @@ def test_merged_weights_equal_merge_and_unload_and_the_model_is_untouched(tokeni
     base = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     lora = model.get_base_model().model.layers[0].self_attn.q_proj
     by_hand = base + 2.0 * lora.lora_B["default"].weight @ lora.lora_A["default"].weight
-    torch.testing.assert_close(merged[q_proj], by_hand, rtol=0, atol=1e-6)  # scale = 8 / 4
+    # scale = 8 / 4; B A sums r = 4 products of values <= ~0.1: a few ulp of weights <= ~0.1
+    # (~1e-8), while a missing or doubled scale moves elements by ~1e-2
+    torch.testing.assert_close(merged[q_proj], by_hand, rtol=0, atol=1e-6)
     after = model.state_dict()
     assert all(torch.equal(after[name], before[name]) for name in before)
     # layers without adapters are the model's own tensors, not copies
@@ -116,4 +118,6 @@ def test_a_lora_checkpoint_is_a_plain_model_saved_without_copying_the_live_one(
     plain = load_model(path / "model")
     assert type(plain).__name__ == "LlamaForCausalLM"
     assert not any("lora" in name for name, _ in plain.named_parameters())
+    # merged against unmerged adapters: sums of <= 128 terms regrouped on logits ~1
+    # (summation_atol(1, 128) = 8e-6, as in test_checkpoint.py)
     torch.testing.assert_close(_logits(plain), _logits(model), rtol=0, atol=1e-5)

@@ -1,4 +1,8 @@
-"""The learning-rate schedule (by hand) and the AdamW setup."""
+"""The learning-rate schedule (by hand) and the AdamW setup.
+
+Tolerance: the factors are float64 arithmetic (a few ops and a cos, ~1e-16 relative), so
+approx's default ``rel=1e-6`` is ample; an off-by-one interval moves a factor by >= 0.01.
+"""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from tests.train.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(seconds=65)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 5
 
@@ -135,5 +135,8 @@ def test_sft_resumes_after_sigkill_exactly(
     )
     resumed = load_file(final / "model" / "model.safetensors")
     uninterrupted = load_file(Path(straight.final_checkpoint) / "model.safetensors")
+    # the same ops in the same order on the same host: bitwise equal is expected, and the
+    # tolerance is only ~80 eps (a reduction reordered anywhere would move Adam's update of a
+    # near-zero gradient by up to lr = 1e-3 and fail: this test is for exactness)
     for name, tensor in uninterrupted.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

@@ -67,6 +67,7 @@ def test_sft_lowers_the_training_loss_checkpoints_and_logs_eval_loss(
     assert metric_steps(mlflow_uri, run_id, "loss") == list(range(1, 16))
     assert losses[-1] < losses[0] - 1.0, losses
     assert max(losses[1:]) < losses[0], losses
+    # MLflow keeps the logged floats as float64: the same values (approx's default rel=1e-6)
     assert result.train_loss == pytest.approx(losses[-1])
     assert metric_steps(mlflow_uri, run_id, "eval_loss") == [5, 10, 15]
     assert result.eval_loss == pytest.approx(metric_values(mlflow_uri, run_id, "eval_loss")[-1])
@@ -185,7 +186,10 @@ def test_minor_sft_with_kl_to_a_reference_trains_and_logs_its_parts(
         for key in ("loss", "minor_sft", "nll", "kl_to_ref", "loss_kl_to_ref")
     }
     # step 1: the model is the reference (LoRA's B starts at 0), so log p - log p_ref = 0:
-    # MinorSFT = -log sigmoid(0.1 * 0) = log 2 and the KL is 0
+    # MinorSFT = -log sigmoid(0.1 * 0) = log 2 and the KL is 0. (A rounding gap d between the
+    # two scorings, <= log_prob_atol ~3e-4, would move MinorSFT by 0.1 d / 2 <= 1.7e-5 and
+    # the KL by d^2 / 2; measured: exactly log 2 and 0 in float32.) Step 2's parts are one
+    # multiply and one add apart: rel=1e-5 is ~80 eps.
     assert values["minor_sft"][0] == pytest.approx(math.log(2), abs=1e-6)
     assert values["kl_to_ref"][0] == pytest.approx(0.0, abs=1e-6)
     assert values["loss"][0] == pytest.approx(math.log(2), abs=1e-6)
@@ -221,7 +225,7 @@ def test_sft_logs_to_a_real_mlflow_server(arithmetic_data, tiny_model_dir, mlflo
     for key in ("loss", "eval_loss", "grad_norm", "lr"):
         history = client.get_metric_history(run.info.run_id, key)
         assert [m.step for m in history] == [1, 2], key
-    assert run.data.metrics["loss"] == pytest.approx(result.train_loss)
+    assert run.data.metrics["loss"] == pytest.approx(result.train_loss)  # the same float64
     assert any(a.path == "checkpoints" for a in client.list_artifacts(run.info.run_id))
     assert not Path("spool").exists() or not any(Path("spool").rglob("*.jsonl"))
     # The final model, uploaded through the server into the registry, and the data read.

@@ -6,6 +6,7 @@ module-scoped, never per test.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -33,6 +34,20 @@ def vocab_size(model_dir) -> int:
     return json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
 
 
+@pytest.fixture(scope="session")
+def vllm_tiny_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny random Llama vLLM's CPU attention accepts (head size 64; the suite's usual tiny
+    model has 16, which vLLM's CPU kernels refuse), with SmolLM2's tokenizer."""
+    from llmrl.models import tiny_model
+
+    folder = tmp_path_factory.mktemp("vllm-tiny")
+    tiny_model(tokenizer, hidden_size=128, num_heads=2, num_kv_heads=1, seed=3).save_pretrained(
+        folder
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def hf_model(model_dir):
     """The same model in transformers, fp32, in eval mode (the trainer's side)."""
@@ -47,6 +62,21 @@ def hf_log_probs(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
         logits = model(torch.tensor([sequence])).logits[0, :-1].float()
     picked = logits.log_softmax(-1).gather(-1, torch.tensor(sequence[1:])[:, None])[:, 0]
     return torch.cat([torch.zeros(1), picked])
+
+
+def engine_log_probs(engine, sequence: list[int]) -> torch.Tensor:
+    """``[0, lp(t1 | t0), ...]`` of one token sequence as a ``VLLMEngine`` scores it."""
+    return torch.tensor(engine.prompt_log_probs([sequence])[0])
+
+
+def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A copy of ``model`` with Gaussian noise added to every weight (a trainer's step)."""
+    changed = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    return changed
 
 
 def assert_trainer_reproduces_sampled_log_probs(model: torch.nn.Module, flat) -> None:

@@ -27,7 +27,7 @@ from tests.vllm.conftest import (
     hf_log_probs,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow(seconds=220)]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
 START_TIMEOUT_S = 300
 

@@ -228,6 +228,7 @@ def test_row_answer_round_trip_and_score() -> None:
     assert (blank.reward, blank.correct, blank.formatted) == (0.0, False, False)
     assert IFEvalTask(all_or_nothing=True).score("Hello, neighbour", problem.answer).reward == 0.0
     shaped = IFEvalTask(format_reward=0.1)
+    # float64 0.1 + (1 - 0.1) * 0.5: within an ulp of 0.55, inside approx's default rel=1e-6
     assert shaped.score("Hello, neighbour", problem.answer).reward == pytest.approx(0.55)
 
 
