@@ -1,6 +1,7 @@
-# The two commands: `make test` and (with the pipeline) `make run`.
-# Both create .venv when missing, install torch first, then the package with a pip constraint
-# that pins the torch they installed, so no other dependency can swap it for a CUDA build.
+# The two commands: `make test` (the fast test tier; `make test-all` adds the slow one) and
+# `make run` (the pipeline). Both create .venv when missing, install torch first, then the
+# package with a constraint that pins the torch they installed, so no other dependency can swap
+# it for a CUDA build.
 #
 #   TORCH_SPEC   what to install for torch (GPU images: e.g. "torch==2.13.0 --index-url ...")
 #   PYTHON       interpreter used to create the virtual environment

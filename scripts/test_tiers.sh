@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test tiers (docs/testing.md), run by `make test` (fast) and `make test-all` (all).
 #
-#   scripts/test_tiers.sh fast   the fast tier: every test not marked slow in .venv, then the
-#                                vLLM module not marked slow (one engine start) in .venv-stage
+#   scripts/test_tiers.sh fast   the fast tier: every test not marked slow in .venv, and beside
+#                                it the vLLM module not marked slow (one engine) in .venv-stage
 #   scripts/test_tiers.sh all    the fast tier, then every slow test in both environments, then
 #                                tests/tier_costs.json rewritten from the run's JUnit reports
 #
@@ -55,19 +55,23 @@ suite() {
     return "$code"
 }
 
-suites+=(fast-main fast-vllm)
-suite fast-main "$main_python" -m "not slow and not learning and not vllm" "${xdist[@]}"
-suite fast-vllm "$stage_python" -m "vllm and not slow" tests/vllm
-if [ "$tiers" = all ]; then
-    suites+=(slow-main slow-vllm)
-    # The slow vLLM modules (one engine each, one worker) run beside the slow main suite: the
-    # machine waits half the time in either (engine and stage start-ups, servers, polling), so
-    # together they take less than one after the other. Its output follows the main suite's.
-    suite slow-vllm "$stage_python" -m "vllm and slow" tests/vllm >"$reports/slow-vllm.log" 2>&1 &
-    vllm_pid=$!
-    suite slow-main "$main_python" -m "slow and not learning and not vllm" "${xdist[@]}"
+# tier NAME MAIN-MARKS VLLM-MARKS: the tier's vLLM suite (one worker: one engine at a time)
+# beside its main suite (xdist workers). The machine waits about half the time in either (engine,
+# stage and server start-ups, polling), so together they take less than one after the other.
+# The vLLM suite's output follows the main suite's.
+tier() {
+    local name=$1 main_marks=$2 vllm_marks=$3
+    suites+=("$name-main" "$name-vllm")
+    suite "$name-vllm" "$stage_python" -m "$vllm_marks" tests/vllm >"$reports/$name-vllm.log" 2>&1 &
+    local vllm_pid=$!
+    suite "$name-main" "$main_python" -m "$main_marks" "${xdist[@]}"
     wait "$vllm_pid"
-    cat "$reports/slow-vllm.log"
+    cat "$reports/$name-vllm.log"
+}
+
+tier fast "not slow and not learning and not vllm" "vllm and not slow"
+if [ "$tiers" = all ]; then
+    tier slow "slow and not learning and not vllm" "vllm and slow"
 fi
 
 if [ "${COVERAGE:-0}" = 1 ]; then

@@ -121,9 +121,8 @@ def test_every_suite_runs_and_any_failure_fails_the_tiers(
     calls = log.read_text().splitlines()
     by_suite = {call.split(f"--junitxml={reports}/")[1].split(".xml")[0]: call for call in calls}
     assert len(by_suite) == len(calls) == len(expected_suites)
-    # the fast tier first, in order; the slow suites after it (side by side: either may start
-    # first)
-    assert list(by_suite)[:2] == expected_suites[:2]
+    # the fast tier's two suites first (side by side: either may start first), the slow ones after
+    assert sorted(list(by_suite)[:2]) == ["fast-main", "fast-vllm"]
     assert sorted(by_suite) == sorted(expected_suites)
     assert sorted(p.stem for p in reports.glob("*.xml")) == sorted(expected_suites)
     # the marks select each tier; the fast tier never runs a slow test
