@@ -51,6 +51,11 @@ suite() {
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
     "$python" "${runner[@]}" "$@" --junitxml="$reports/$name.xml" ${PYTEST_ARGS:-}
     code=$?
+    # pytest's 5, no test selected: expected where PYTEST_ARGS narrows the run (a -k or a path
+    # that leaves one environment nothing), a broken selection otherwise
+    if [ "$code" = 5 ] && [ -n "${PYTEST_ARGS:-}" ]; then
+        code=0
+    fi
     echo "$name $(($(date +%s) - start)) s (exit $code)" >"$reports/$name.status"
     return "$code"
 }

@@ -88,15 +88,18 @@ def _fake_python(folder: Path, name: str, code: int, log: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("tiers", "main_code", "expected_suites", "expected_exit"),
+    ("tiers", "main_code", "narrowed", "expected_suites", "expected_exit"),
     [
-        ("fast", 0, ["fast-main", "fast-vllm"], 0),
-        ("fast", 1, ["fast-main", "fast-vllm"], 1),  # the vLLM suite still runs
-        ("all", 1, ["fast-main", "fast-vllm", "slow-main", "slow-vllm"], 1),
+        ("fast", 0, False, ["fast-main", "fast-vllm"], 0),
+        ("fast", 1, False, ["fast-main", "fast-vllm"], 1),  # the vLLM suite still runs
+        ("all", 1, False, ["fast-main", "fast-vllm", "slow-main", "slow-vllm"], 1),
+        # pytest's 5 (nothing selected) fails a plain run, passes one PYTEST_ARGS narrowed
+        ("fast", 5, False, ["fast-main", "fast-vllm"], 1),
+        ("fast", 5, True, ["fast-main", "fast-vllm"], 0),
     ],
 )
 def test_every_suite_runs_and_any_failure_fails_the_tiers(
-    tmp_path, tiers, main_code, expected_suites, expected_exit
+    tmp_path, tiers, main_code, narrowed, expected_suites, expected_exit
 ):
     log = tmp_path / "calls.log"
     main = _fake_python(tmp_path, "main-python", main_code, log)
@@ -109,6 +112,8 @@ def test_every_suite_runs_and_any_failure_fails_the_tiers(
         "TEST_REPORTS": str(reports),
     }
     env.pop("PYTEST_ARGS", None)
+    if narrowed:
+        env["PYTEST_ARGS"] = "-k something"
     done = subprocess.run(
         ["bash", str(REPO / "scripts" / "test_tiers.sh"), tiers],
         env=env,
@@ -134,5 +139,5 @@ def test_every_suite_runs_and_any_failure_fails_the_tiers(
     summary = done.stdout.splitlines()[-1]
     assert summary.startswith(f"test tiers ({tiers}): fast-main ")
     for name in expected_suites:
-        code = main_code if name.endswith("-main") else 0
+        code = main_code if name.endswith("-main") and not (narrowed and main_code == 5) else 0
         assert re.search(rf"{name} \d+ s \(exit {code}\),", summary), summary
