@@ -17,9 +17,8 @@ CONSTRAINTS := $(VENV)/torch-constraint.txt
 	lint format chart-schema clean-venv gpu-wheels test-gpu coverage
 
 # Installs go through uv (pinned below, bootstrapped into .uv/ with pip on first use): it honours
-# the same constraints files, resolves and installs .venv in about 3 s and .venv-stage in about
-# 7 s once its cache (~/.cache/uv) holds the wheels, and links both environments' files from that
-# one cache (torch's 750 MB is downloaded once, stored once). pip took 5.5-9 minutes for the two.
+# the same constraints files and links both environments' files from one cache (~/.cache/uv), so
+# torch is downloaded and stored once. Its times against pip's: docs/measurements.md.
 # No bytecode is compiled at install time: the test and run recipes clear
 # PYTHONDONTWRITEBYTECODE, so each module is compiled once, when something first imports it.
 UV_VERSION ?= 0.13.8
@@ -125,13 +124,13 @@ bubblewrap:
 
 # The two test tiers (docs/testing.md), both run by CI:
 #   make test      the fast tier, for every change: each module's unit tests and the integration
-#                  tests on tiny models in .venv, then one vLLM module (one engine start) in
-#                  .venv-stage. At most 10 minutes on a clean clone, installs included.
+#                  tests on tiny models in .venv, and beside them one vLLM module (one engine
+#                  start) in .venv-stage. Budget: 10 minutes on a clean clone, installs included.
 #   make test-all  the fast tier, then every test marked `slow` (the real SmolLM2, Prefect, the
 #                  MLflow server, the Ray runtime, kill/resume trials, the other vLLM modules),
 #                  then tests/tier_costs.json rewritten from the run (commit it). `.ci/run` runs it.
-# Neither runs the learning check (the whole `make run` pipeline, ~16 minutes): `make
-# check-learning`. TEST_WORKERS pytest-xdist processes (2 on 2 cores: the suite is CPU-bound);
+# Neither runs the learning check (the whole `make run` pipeline): `make check-learning`.
+# TEST_WORKERS pytest-xdist processes (2 on 2 cores: the suite is CPU-bound);
 # PYTEST_ARGS is added to every suite (e.g. PYTEST_ARGS="-x -k checkpoint").
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
@@ -145,8 +144,8 @@ test: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
 test-all: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
 	@$(TEST_TIERS) all
 
-# Line coverage of llmrl/ and flows/ per tier (both tiers under coverage.py, about a third
-# slower than `make test-all`), then the per-package table of docs/testing.md; fails when the
+# Line coverage of llmrl/ and flows/ per tier (both tiers under coverage.py, slower than
+# `make test-all`), then the per-package table of docs/measurements.md; fails when the
 # fast tier keeps less than 85% of the whole suite's covered lines.
 coverage: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
 	@COVERAGE=1 $(TEST_TIERS) all

@@ -3,8 +3,8 @@
 `make coverage` runs both tiers under coverage.py (`scripts/test_tiers.sh` with COVERAGE=1),
 one combined data file per tier, then this script. The whole suite's covered lines are the union
 of the two tiers' (``make test-all`` runs the fast tier, then the slow tests). Printed as the
-Markdown table of docs/testing.md; fails when the fast tier keeps less than ``--minimum`` of the
-whole suite's covered lines, or when a package has no line covered by the fast tier.
+Markdown table of docs/measurements.md; fails when the fast tier keeps less than ``--minimum``
+of the whole suite's covered lines, or when a package has no line covered by the fast tier.
 
     python scripts/coverage_table.py --fast .coverage-data/fast --slow .coverage-data/slow
 """
@@ -37,7 +37,7 @@ def covered_lines(data_file: Path) -> dict[str, set[int]]:
     return {str(Path(f).resolve()): set(data.lines(f) or ()) for f in data.measured_files()}
 
 
-def table(fast: dict[str, set[int]], slow: dict[str, set[int]]):
+def table(fast: dict[str, set[int]], slow: dict[str, set[int]]) -> dict[str, list[int]]:
     """Per package: statements, lines the whole suite covers, lines the fast tier covers."""
     analyser = coverage.Coverage(data_file=None)
     rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -55,6 +55,7 @@ def table(fast: dict[str, set[int]], slow: dict[str, set[int]]):
 
 
 def percent(part: int, whole: int) -> str:
+    """``part`` as a percentage of ``whole``, one decimal; ``-`` for an empty whole."""
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 

@@ -16,7 +16,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-tiers=$1
+tiers=${1:-}
+if [ "$tiers" != fast ] && [ "$tiers" != all ]; then
+    echo "usage: scripts/test_tiers.sh fast|all" >&2
+    exit 2
+fi
 main_python=${MAIN_PYTHON:-.venv/bin/python}
 stage_python=${STAGE_PYTHON:-.venv-stage/bin/python}
 workers=${TEST_WORKERS:-2}

@@ -19,7 +19,7 @@ from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime import TrainerGroup, TrainerRankDied, split_groups
 from llmrl.topology import Topology, place_on_ray
-from tests.train.conftest import stage_config
+from tests.train.conftest import first_update_loss_atol, stage_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -100,16 +100,6 @@ def batch(arithmetic_data, tiny_model_dir):
     return collected
 
 
-def _loss_atol(batch) -> float:
-    """The first update's loss is a token mean of ``-A`` (ratio exactly 1): summed per rank,
-    then across ranks, ``n`` float32 terms up to ``max|A|`` differ by up to
-    ``n * 2^-24 * max|A|`` (as in tests/train/test_grpo_trainer.py). Here it cancels to ~0
-    (each group's ``+-A`` over equal lengths), so that absolute bound is what counts; the
-    gradient norm catches a wrong per-rank weighting."""
-    tokens = sum(len(r) for r in batch["tokens"].as_list("response"))
-    return tokens * 2**-24 * float(batch["advantage"].abs().max())
-
-
 def _train_once(config, ranks, strategy, batch, tmp_path) -> tuple[dict, dict]:
     """One step on ``ranks`` ranks; the metrics and the saved weights."""
     topology = _topology(ranks, strategy)
@@ -138,7 +128,7 @@ def test_ddp_and_fsdp_with_two_ranks_update_like_one_process(
         # the norm's relative rounding is at most that of its largest element, a sum over the
         # vocabulary (grad_logits @ W): eps sqrt(V) = 2.6e-5 per sigma, and rel=1e-4 is ~4
         # sigmas of one scalar; the ESS of ratios exactly 1 is exactly 1
-        loss_atol = _loss_atol(batch)
+        loss_atol = first_update_loss_atol(batch)  # the loss cancels to ~0
         assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
         assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
         assert metrics["ESS"] == pytest.approx(single_metrics["ESS"], rel=1e-5)
@@ -156,7 +146,7 @@ def test_micro_batches_on_two_uneven_ranks_update_like_one_process(
     start = load_file(Path(tiny_model_dir) / "model.safetensors")
     for strategy in ("ddp", "fsdp"):
         metrics, weights = _train_once(micro, 2, strategy, three_groups, tmp_path / strategy)
-        loss_atol = _loss_atol(three_groups)  # and the norm as above
+        loss_atol = first_update_loss_atol(three_groups)  # and the norm as above
         assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
         assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
         assert_same_update(weights, single, start)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from tests.tolerances import rounding_atol
 from tests.tracking.conftest import mlflow_server  # noqa: F401 (a real server, reused)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +67,16 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_PARENT_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
+
+
+def first_update_loss_atol(batch) -> float:
+    """How far two computations of a batch's first-update loss may differ. That loss is a token
+    mean of ``-A`` (ratio exactly 1) whose terms cancel to near 0, so only an absolute bound
+    counts: summed in another order (per rank, across ranks, micro-batch by micro-batch), its
+    ``n`` float32 terms of up to ``max|A|`` round at worst ``n`` times in one direction."""
+    tokens = sum(len(r) for r in batch["tokens"].as_list("response"))
+    magnitude = float(batch["advantage"].abs().max())
+    return rounding_atol(magnitude, torch.float32, roundings=tokens)
 
 
 def stage_config(config_cls: type, *overrides: str, **fields: Any) -> Any:
