@@ -54,6 +54,14 @@ class ModelConfig(ConfigModel):
         "many positions at a time, so the [rows, positions, vocabulary] logits never exist at "
         "once (the backward recomputes each chunk's logits); null: all positions at once",
     )
+    packing: bool = Field(
+        True,
+        description="trainers and reference scorers lay a micro-batch's sequences end to end "
+        "into a few rows (position ids restarting at each sequence, attention kept within it) "
+        "instead of padding every row to the longest: the same log-probs and gradients without "
+        "computing the padding; a model whose attention cannot pack is scored padded, with the "
+        "reason logged (docs/precision-and-memory.md)",
+    )
     trust_remote_code: bool = Field(
         False,
         description="load a model whose folder (or hub repo) names its own Python code "

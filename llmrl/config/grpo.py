@@ -14,7 +14,7 @@ from llmrl.config.common import (
     StageConfig,
     ToolSettings,
 )
-from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, ConfigModel
+from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, MAX_TOKENS, ConfigModel
 from llmrl.topology.spec import Topology
 
 TOPOLOGY_ENV = "LLMRL_TOPOLOGY"
@@ -313,6 +313,15 @@ class GRPOConfig(StageConfig):
         "accumulation: less activation memory, the same update); default: a rank's whole "
         "minibatch at once",
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="fill each forward/backward on a trainer rank with rows up to this many "
+        "tokens (prompt + response; first-fit decreasing, a longer row alone) instead of a "
+        "fixed row count, and give the ranks equal tokens rather than equal groups; the same "
+        "update as the unsplit minibatch. Exclusive with micro_batch_size",
+    )
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: strictly on-policy; async: collect while training"
     )
@@ -354,6 +363,12 @@ class GRPOConfig(StageConfig):
 
     @model_validator(mode="after")
     def _reference_needed(self) -> GRPOConfig:
+        if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
+            raise ValueError(
+                "micro_batch_size and max_tokens_per_micro_batch both set: micro-batches are cut "
+                "by rows or by tokens; keep max_tokens_per_micro_batch (even memory per pass "
+                "whatever the response lengths) and set micro_batch_size: null"
+            )
         if self.loss.kl_to_ref_coeff > 0 and not self.reference:
             raise ValueError("loss.kl_to_ref_coeff > 0 needs `reference: true`")
         if self.advantage.kl_in_reward_coeff > 0 and not self.reference:

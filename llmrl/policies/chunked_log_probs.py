@@ -197,16 +197,23 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
 @contextmanager
 def log_prob_head(
-    model: nn.Module, targets: torch.Tensor, chunk_size: int, with_entropy: bool = False
+    model: nn.Module,
+    targets: torch.Tensor,
+    chunk_size: int,
+    with_entropy: bool = False,
+    keep: torch.Tensor | None = None,
 ) -> Iterator[None]:
     """While inside, ``model(...).logits`` holds ``[..., 2]`` values per kept position
     (``[..., 0]`` the log-prob of its target, ``[..., 1]`` its entropy; ``[..., 1]`` wide
     without entropy) instead of ``[..., vocab]`` logits.
 
     ``targets`` must have the shape of the positions the output layer receives: with
-    ``logits_to_keep=k``, the last ``k``. Only the calling thread sees the replacement (another
-    thread sampling from the same model meanwhile gets logits). Models that scale or cap their
-    logits after the output layer (Gemma 2, Cohere) are refused: score them with
+    ``logits_to_keep=k``, the last ``k``. With ``keep`` (a bool mask of that shape too) the
+    output layer runs on the ``True`` positions only and ``.logits`` is ``[kept, 2]`` (packed
+    rows, whose scored positions are scattered over every row, :mod:`llmrl.policies.packing`).
+    Only the calling thread sees the replacement (another thread sampling from the same model
+    meanwhile gets logits). Models that scale or cap their logits after the output layer
+    (Gemma 2, Cohere) are refused: score them with
     ``chunk_size=None``.
     """
     head = _output_layer(model)
@@ -217,7 +224,7 @@ def log_prob_head(
             switch = _HeadSwitch(head)
         if thread in switch.active:
             raise RuntimeError("log_prob_head is already active on this model in this thread")
-        switch.active[thread] = (targets, chunk_size, with_entropy)
+        switch.active[thread] = (targets, chunk_size, with_entropy, keep)
     try:
         yield
     finally:
@@ -233,16 +240,21 @@ def forward_log_probs(
     *,
     chunk_size: int | None,
     with_entropy: bool = False,
+    keep: torch.Tensor | None = None,
     **inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``model(**inputs)`` reduced to fp32 log-probs of ``targets`` (and entropies), one per
-    position the output layer sees (``targets`` has their shape, see :func:`log_prob_head`).
+    position the output layer sees (``targets`` has their shape, see :func:`log_prob_head`), or
+    ``[kept]`` values of the ``keep`` positions only when a mask is given.
 
     ``chunk_size=None`` computes them from the model's full ``.logits`` instead.
     """
     if chunk_size is None:
-        return log_probs_from_logits(model(**inputs).logits, targets, with_entropy)
-    with log_prob_head(model, targets, chunk_size, with_entropy):
+        logits = model(**inputs).logits
+        if keep is not None:
+            logits, targets = logits[keep], targets[keep]
+        return log_probs_from_logits(logits, targets, with_entropy)
+    with log_prob_head(model, targets, chunk_size, with_entropy, keep):
         values = model(**inputs).logits
     return values[..., 0], values[..., 1] if with_entropy else None
 
@@ -258,7 +270,7 @@ class _HeadSwitch:
         self.head = head
         self.shadowed = head.__dict__.get("forward")  # an instance-level forward (hooks), if any
         self.original = head.forward
-        self.active: dict[int, tuple[torch.Tensor, int, bool]] = {}
+        self.active: dict[int, tuple[torch.Tensor, int, bool, torch.Tensor | None]] = {}
         head.forward = self
 
     def remove(self) -> None:
@@ -271,13 +283,16 @@ class _HeadSwitch:
         settings = self.active.get(threading.get_ident())
         if settings is None:
             return self.original(hidden, *args, **kwargs)
-        targets, chunk_size, with_entropy = settings
+        targets, chunk_size, with_entropy, keep = settings
         if hidden.shape[:-1] != targets.shape:
             raise ValueError(
                 f"log_prob_head got hidden states {list(hidden.shape)} for targets "
                 f"{list(targets.shape)}; pass one target per position the output layer sees "
                 "(mind logits_to_keep)"
             )
+        shape = targets.shape
+        if keep is not None:  # the scored positions only: [kept, H]
+            hidden, targets, shape = hidden[keep], targets[keep], (int(keep.sum()),)
         log_probs, entropy = chunked_log_probs(
             hidden.reshape(-1, hidden.shape[-1]),
             self.head.weight,
@@ -287,7 +302,7 @@ class _HeadSwitch:
             with_entropy,
         )
         values = [log_probs] if entropy is None else [log_probs, entropy]
-        return torch.stack(values, -1).view(*targets.shape, len(values))
+        return torch.stack(values, -1).view(*shape, len(values))
 
 
 def _output_layer(model: nn.Module) -> nn.Linear:

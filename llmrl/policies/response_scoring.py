@@ -21,6 +21,7 @@ exist, in forward or backward.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from llmrl.policies.chunked_log_probs import (
     forward_log_probs,
     log_probs_from_logits,
 )
+from llmrl.policies.packing import packed_token_count, score_packed
 from llmrl.policies.prompt_cache import distinct_rows
 
 
@@ -47,6 +49,7 @@ def score_responses(
     log_prob_chunk_size: int | None = DEFAULT_LOG_PROB_CHUNK_SIZE,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    packing: bool = False,
 ) -> ScoreResult:
     """``[N, max len]`` log-probs of each sequence's response tokens (0 elsewhere), and their
     entropies (same layout) when asked.
@@ -57,14 +60,33 @@ def score_responses(
     recomputed layers would append to the shared KV cache a second time. An FSDP2 model gets
     one pass too (it frees gathered weights after each forward, so two forwards cannot share
     one backward).
+
+    ``packing=True`` (the caller has checked the model can, :func:`~llmrl.policies.packing.
+    packing_problem`) scores packed rows (:mod:`llmrl.policies.packing`), unless the rows share
+    prompts and sharing them computes fewer positions: packed rows hold every row's own copy of
+    its prompt, so G responses to one long prompt with short answers cost less shared than
+    packed.
     """
     prompts = [s[:n] for s, n in zip(sequences, prompt_lengths, strict=True)]
     responses = [s[n:] for s, n in zip(sequences, prompt_lengths, strict=True)]
     firsts, row_to_prompt = distinct_rows(prompts)
     distinct = [prompts[i] for i in firsts]
     shareable = len(distinct) < len(prompts) and min(len(p) for p in distinct) > 1
+    shares = shareable and share_prompts and not is_fully_sharded(model)
+    if packing and packed_token_count([len(s) for s in sequences]) <= (
+        shared_token_count(distinct, responses) if shares else math.inf
+    ):
+        return score_packed(
+            model,
+            sequences,
+            prompt_lengths,
+            pad_token_id,
+            device,
+            log_prob_chunk_size=log_prob_chunk_size,
+            with_entropy=with_entropy,
+        )
     head = (log_prob_chunk_size, with_entropy)
-    if shareable and share_prompts and not is_fully_sharded(model):
+    if shares:
         log_probs, entropy, response_mask = _shared_prompts(
             model, distinct, row_to_prompt, responses, pad_token_id, device, head
         )
@@ -80,6 +102,13 @@ def score_responses(
     return ScoreResult(
         log_probs=laid_out(log_probs), entropy=laid_out(entropy) if entropy is not None else None
     )
+
+
+def shared_token_count(distinct: list[torch.Tensor], responses: list[torch.Tensor]) -> int:
+    """Positions the shared-prompt forward computes: each distinct prompt but its last token
+    (left-padded), then per row the last prompt token and its response (right-padded)."""
+    prefix = len(distinct) * (max(len(p) for p in distinct) - 1)
+    return prefix + len(responses) * (1 + max(len(r) for r in responses))
 
 
 def _one_pass(

@@ -36,6 +36,7 @@ from llmrl.policies.chunked_log_probs import (
     log_probs_from_logits,
 )
 from llmrl.policies.generation_kwargs import GenerationKwargs
+from llmrl.policies.packing import packing_problem, score_packed
 from llmrl.policies.prompt_cache import shared_prompt_cache
 from llmrl.policies.response_scoring import score_responses, token_log_probs
 from llmrl.policies.static_decode import (
@@ -75,6 +76,11 @@ class TransformersWrapper(LLMWrapperBase):
     default: the prefix's keys and values, computed on one row instead of N, differ in the last
     bits, so seeded samples would differ from those of earlier runs, and a GRPO step's 8
     distinct prompts (each prefilled once already) would save little.
+
+    ``packing=True`` (the default) scores packed sequences instead of padded rows
+    (:mod:`llmrl.policies.packing`): the same values to float rounding, without computing the
+    padding. A model whose attention cannot pack is scored padded, with the reason logged once
+    (:func:`~llmrl.policies.packing.packing_problem`); ``return_logits=True`` is always padded.
     """
 
     def __init__(
@@ -85,12 +91,14 @@ class TransformersWrapper(LLMWrapperBase):
         compile_decode: bool | None = None,
         log_prob_chunk_size: int | None = DEFAULT_LOG_PROB_CHUNK_SIZE,
         share_prompt_prefix: bool = False,
+        packing: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(tokenizer, **kwargs)
         self.model = model
         self.compile_decode = compile_decode
         self.share_prompt_prefix = share_prompt_prefix
+        self.packing = packing
         if log_prob_chunk_size is not None and log_prob_chunk_size < 1:
             raise ValueError(f"log_prob_chunk_size must be >= 1 or None, got {log_prob_chunk_size}")
         self.log_prob_chunk_size = log_prob_chunk_size
@@ -98,7 +106,8 @@ class TransformersWrapper(LLMWrapperBase):
 
     def get_new_version(self, **changes: Any) -> TransformersWrapper:
         """See :meth:`LLMWrapperBase.get_new_version`; ``compile_decode``,
-        ``log_prob_chunk_size`` and ``share_prompt_prefix`` may change too."""
+        ``log_prob_chunk_size``, ``share_prompt_prefix`` and ``packing`` may change too."""
+        packing = changes.pop("packing", self.packing)
         compile_decode = changes.pop("compile_decode", self.compile_decode)
         chunk_size = changes.pop("log_prob_chunk_size", self.log_prob_chunk_size)
         share_prefix = changes.pop("share_prompt_prefix", self.share_prompt_prefix)
@@ -106,6 +115,7 @@ class TransformersWrapper(LLMWrapperBase):
         twin.compile_decode = compile_decode
         twin.log_prob_chunk_size = chunk_size
         twin.share_prompt_prefix = share_prefix
+        twin.packing = packing
         return twin
 
     @property
@@ -244,6 +254,17 @@ class TransformersWrapper(LLMWrapperBase):
                 with_entropy=return_entropy,
                 # a pass that writes the shared KV cache cannot be recomputed in backward
                 share_prompts=not uses_activation_checkpointing(self.model),
+                packing=self._packs(),
+            )
+        if not return_logits and self._packs() and min(len(s) for s in sequences) > 0:
+            return score_packed(  # every token but the first: its prediction
+                self.model,
+                sequences,
+                [1] * len(sequences),
+                self.pad_token_id,
+                self.device,
+                log_prob_chunk_size=self.log_prob_chunk_size,
+                with_entropy=return_entropy,
             )
         input_ids, mask = pad_sequences(sequences, "right", self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
@@ -277,6 +298,10 @@ class TransformersWrapper(LLMWrapperBase):
             logits=logits,
             entropy=per_token(entropy) if entropy is not None else None,
         )
+
+    def _packs(self) -> bool:
+        """Whether scoring packs sequences: asked for, and the model can."""
+        return self.packing and packing_problem(self.model) is None
 
     def _response_lengths(
         self, generated: torch.Tensor, config: GenerationKwargs

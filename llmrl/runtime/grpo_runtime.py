@@ -211,6 +211,7 @@ class GRPORuntime:
                 config.model.dtype,
                 runtime_env,
                 load_options=config.model.load_options,
+                packing=config.model.packing,
             )
             self._parts.append(lambda: _kill([self.reference]))
         self.advantage = build_advantage(config, reference=self._reference_scorer())

@@ -24,10 +24,16 @@ class ReferenceScorer:
         model: the model spec the run starts from.
         dtype, device: where the copy lives.
         load_options: ``trust_remote_code`` / ``allow_pickled_weights`` (``ModelConfig``).
+        packing: score packed sequences (``model.packing``, :mod:`llmrl.policies.packing`).
     """
 
     def __init__(
-        self, model: str, dtype: str, device: str, load_options: dict[str, bool] | None = None
+        self,
+        model: str,
+        dtype: str,
+        device: str,
+        load_options: dict[str, bool] | None = None,
+        packing: bool = True,
     ) -> None:
         from llmrl.envs.transforms import RetrieveLogProb
         from llmrl.models import load_model, load_tokenizer
@@ -37,7 +43,7 @@ class ReferenceScorer:
         frozen = load_model(model, dtype=dtype, device=device, **options)
         frozen.requires_grad_(False).eval()
         tokenizer = load_tokenizer(model, trust_remote_code=options.get("trust_remote_code", False))
-        self._retrieve = RetrieveLogProb(TransformersWrapper(frozen, tokenizer))
+        self._retrieve = RetrieveLogProb(TransformersWrapper(frozen, tokenizer, packing=packing))
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` with ``ref_log_probs`` written."""
@@ -47,10 +53,9 @@ class ReferenceScorer:
 class ReferenceActor:
     """A :class:`ReferenceScorer` as a Ray actor on the dedicated reference's GPUs."""
 
-    def __init__(
-        self, model: str, dtype: str, device: str, load_options: dict[str, bool] | None = None
-    ) -> None:
-        self._scorer = ReferenceScorer(model, dtype, device, load_options)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Takes :class:`ReferenceScorer`'s arguments."""
+        self._scorer = ReferenceScorer(*args, **kwargs)
 
     def ready(self) -> bool:
         """True once the model is loaded."""
@@ -67,6 +72,7 @@ def start_reference_actor(
     dtype: str,
     runtime_env: dict[str, Any] | None,
     load_options: dict[str, bool] | None = None,
+    packing: bool = True,
 ) -> Any:
     """The dedicated reference actor on ``placement.reference``'s first bundle (one GPU)."""
     import ray
@@ -79,4 +85,4 @@ def start_reference_actor(
     if runtime_env:
         options["runtime_env"] = runtime_env
     actor = ray.remote(ReferenceActor).options(**options)
-    return actor.remote(model, dtype, "cuda", load_options)
+    return actor.remote(model, dtype, "cuda", load_options, packing)

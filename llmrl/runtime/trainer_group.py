@@ -25,6 +25,7 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.objectives.grouping import group_slices
 from llmrl.runtime.trainer_rank import TrainerRank
 from llmrl.topology import Placement, Topology
+from llmrl.train.micro_batches import balanced_assignment, sequence_lengths, take
 from llmrl.transports.weights import WeightSyncStats
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class TrainerGroup:
         trainer = topology.trainer
         self.world_size = trainer.world_size
         self.num_samples = config.num_samples
+        self.balance_tokens = config.max_tokens_per_micro_batch is not None
         rows = config.prompts_per_step * config.num_samples
         self.minibatches = math.ceil(rows / (config.minibatch_size or rows))
         total_steps = config.steps * config.updates_per_step * self.minibatches
@@ -118,7 +120,7 @@ class TrainerGroup:
     def train(self, batch: TensorDictBase, step: int) -> dict[str, float]:
         """Train every rank on its groups of ``batch`` (advantages set); rank 0's metrics,
         which are global (see :mod:`llmrl.train.grpo_trainer`)."""
-        shards = split_groups(batch, self.num_samples, self.world_size)
+        shards = split_groups(batch, self.num_samples, self.world_size, self.balance_tokens)
         calls = [
             ("train", (shard, self.minibatches, step, stand_in), rank)
             for rank, (shard, stand_in) in enumerate(shards)
@@ -198,18 +200,27 @@ class TrainerGroup:
 
 
 def split_groups(
-    batch: TensorDictBase, group_size: int, parts: int
+    batch: TensorDictBase, group_size: int, parts: int, by_tokens: bool = False
 ) -> list[tuple[TensorDictBase, bool]]:
     """``batch`` (whole groups of ``group_size`` trajectories on consecutive rows: one row per
     trajectory, or one per turn of multi-turn episodes) cut into ``parts`` shards of whole
-    groups, as even as possible in groups; ``(shard, stand_in_only)``. With fewer groups than
-    parts, the extra shards repeat the first group, flagged to be trained on with weight 0."""
+    groups, as even as possible in groups, or with ``by_tokens`` in tokens (the costliest group
+    first, each to the shard with the fewest tokens so far: token-budget micro-batches, where a
+    rank's time follows its tokens); ``(shard, stand_in_only)``. With fewer groups than parts,
+    the extra shards repeat the first group, flagged to be trained on with weight 0."""
     spans = _group_spans(batch, group_size)
-    bounds = [round(len(spans) * i / parts) for i in range(parts + 1)]
+    if by_tokens:
+        lengths = sequence_lengths(batch)
+        costs = [sum(lengths[span]) for span in spans]
+        members = balanced_assignment(costs, parts)
+    else:
+        bounds = [round(len(spans) * i / parts) for i in range(parts + 1)]
+        members = [list(range(first, last)) for first, last in itertools.pairwise(bounds)]
     shards = []
-    for first, last in itertools.pairwise(bounds):
-        if last > first:
-            shards.append((batch[spans[first].start : spans[last - 1].stop], False))
+    for groups in members:
+        if groups:
+            rows = [row for group in groups for row in range(spans[group].start, spans[group].stop)]
+            shards.append((take(batch, rows), False))
         else:
             shards.append((batch[spans[0]], True))
     return shards

@@ -104,6 +104,7 @@ class TrainerRank:
                 config.model.dtype,
                 config.model.device,
                 load_options=config.model.load_options,
+                packing=config.model.packing,
             )
         logger.info(
             "trainer rank %d/%d ready (%s%s)",

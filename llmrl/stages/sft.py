@@ -160,6 +160,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
         generate=False,
         pad_output=True,
         log_prob_chunk_size=config.model.log_prob_chunk_size,
+        packing=config.model.packing,
     )
     loss_fn = SFTLoss(
         actor,
@@ -176,6 +177,7 @@ def run_sft(config: SFTConfig) -> SFTResult:
             config.model.dtype,
             config.model.device,
             load_options=config.model.load_options,
+            packing=config.model.packing,
         )
         if config.reference
         else None

@@ -41,6 +41,7 @@ class FrozenReference:
         device: str,
         out_key: str = "ref_log_probs",
         load_options: dict[str, bool] | None = None,
+        packing: bool = True,
     ) -> None:
         from llmrl.policies import TransformersWrapper
 
@@ -55,7 +56,12 @@ class FrozenReference:
         self.model = reference
         self.out_key = out_key
         self._scorer = TransformersWrapper(
-            reference, tokenizer, generate=False, pad_output=False, return_log_probs=True
+            reference,
+            tokenizer,
+            generate=False,
+            pad_output=False,
+            return_log_probs=True,
+            packing=packing,
         )
 
     def _reference_weights(self) -> AbstractContextManager:

@@ -7,7 +7,7 @@ its schedule). Rollouts, advantages, weight sync and placement are the runtime's
 
     for update in range(updates_per_step):      # passes over the batch
         for minibatch in split(shard, n):        # the same n on every rank
-            for micro in split(minibatch, m):    # gradient accumulation, the same m everywhere
+            for micro in plan(minibatch, m):     # gradient accumulation, the same m everywhere
                 out = loss(micro)
                 (out.loss * out.normalizer).backward()   # the micro-batch's sum
             grads *= world_size / global normalizer      # this rank's part of the global mean
@@ -21,11 +21,13 @@ the update is the one a single process would make on the whole batch (``tests/ru
 it to float rounding). A rank whose minibatch or micro-batch is empty scores a stand-in row with
 weight 0, so every rank runs the same collectives.
 
-**Micro-batches** (``micro_batch_size``) trade nothing but a little matmul efficiency for
-memory: the activations kept for backward are those of one micro-batch, not of the minibatch.
-Their count ``m`` is the largest part any rank got over ``micro_batch_size`` (rows: one per
-turn of a multi-turn episode), the same on every rank; DDP and FSDP synchronise the gradients
-on the last micro-batch only.
+**Micro-batches** (``micro_batch_size`` rows, or ``max_tokens_per_micro_batch`` tokens) trade
+nothing but a little matmul efficiency for memory: the activations kept for backward are those
+of one micro-batch, not of the minibatch. By rows, their count ``m`` is the largest part any
+rank got over ``micro_batch_size`` (rows: one per turn of a multi-turn episode); by tokens, the
+rows are packed first-fit decreasing into micro-batches of at most the budget and ``m`` is the
+most any rank needs (:mod:`llmrl.train.micro_batches`). The same ``m`` on every rank; DDP and
+FSDP synchronise the gradients on the last micro-batch only.
 
 **Precision.** With ``model.dtype: bfloat16`` the model holds float32 master weights and AdamW
 state, and the loss forward runs under bfloat16 autocast (FSDP2: its mixed-precision policy);
@@ -63,6 +65,7 @@ from llmrl.objectives import build_grpo_loss
 from llmrl.policies import TransformersWrapper
 from llmrl.train import distributed
 from llmrl.train.audit import LogProbGapTally
+from llmrl.train.micro_batches import row_plan, sequence_lengths, take, token_plan
 from llmrl.train.optim import build_optimizer
 from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
 from llmrl.train.precision import TrainingPrecision
@@ -113,6 +116,7 @@ class GRPOTrainer:
             input_mode="tokens",
             pad_output=True,
             log_prob_chunk_size=config.model.log_prob_chunk_size,
+            packing=config.model.packing,
         )
         self.loss_fn = build_grpo_loss(actor, config)  # loss.variant's class
         self.optimizer, self.scheduler = build_optimizer(model, config.optimizer, total_steps)
@@ -150,14 +154,14 @@ class GRPOTrainer:
             tick = time.perf_counter()
             scored = [(self._with_anchor(batch), empty) for batch, empty in scored]
             seconds["loss_forward_seconds"] += time.perf_counter() - tick
-        micro_batches = self.micro_batches(max(part.batch_size[0] for part in parts))
+        plans = self.micro_plans([batch for batch, _ in scored])
         # the consistency audit of the first pass: each part's log-prob gap, before its
         # optimizer step (see llmrl.train.audit)
         audit = LogProbGapTally(self.config.audit, step) if self.config.audit.enabled else None
         for update in range(self.config.updates_per_step):
-            for batch, empty in scored:
+            for (batch, empty), plan in zip(scored, plans, strict=True):
                 checked = audit if update == 0 else None
-                values = self._update(batch, empty, micro_batches, seconds, step, checked)
+                values = self._update(batch, empty, plan, seconds, step, checked)
                 for name, value in values.items():
                     sums[name] = sums.get(name, 0.0) + value
         count = self.config.updates_per_step * minibatches
@@ -181,6 +185,20 @@ class GRPOTrainer:
             return 1
         return max(1, math.ceil(distributed.all_reduce_max(rows) / size))
 
+    def micro_plans(self, parts: list[TensorDictBase]) -> list[list[list[int]]]:
+        """The rows of each micro-batch of each of this rank's ``parts`` (minibatches), every
+        part in the same number of passes on every rank (one collective; trailing passes may be
+        empty): by ``max_tokens_per_micro_batch`` (first-fit decreasing of the rows' tokens),
+        by ``micro_batch_size`` (even runs of rows), or one pass (see
+        :mod:`llmrl.train.micro_batches`)."""
+        budget = self.config.max_tokens_per_micro_batch
+        if budget is None:
+            count = self.micro_batches(max(part.batch_size[0] for part in parts))
+            return [row_plan(part.batch_size[0], count) for part in parts]
+        plans = [token_plan(sequence_lengths(part), budget) for part in parts]
+        count = distributed.all_reduce_max(max(len(plan) for plan in plans))
+        return [plan + [[]] * (count - len(plan)) for plan in plans]
+
     def anchors_needed(self, minibatches: int) -> bool:
         """Whether :meth:`train` scores the ratio's anchor before the first update: with
         ``loss.tis_cap`` and more than one optimizer step per batch."""
@@ -198,19 +216,19 @@ class GRPOTrainer:
         self,
         batch: TensorDictBase,
         empty: bool,
-        micro_batches: int,
+        plan: list[list[int]],
         seconds: dict[str, float],
         step: int | None,
         audit: LogProbGapTally | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on this rank's part of a minibatch, in ``micro_batches`` forward
-        and backward passes (``empty``: ``batch`` is the stand-in row, trained on with weight
-        0). With ``audit``, the log-prob gap of these forwards (of the batch's anchor when it
-        has one) is added to the step's and checked before the optimizer step."""
+        """One optimizer step on this rank's part of a minibatch, one forward and backward pass
+        per micro-batch of ``plan`` (its rows; ``empty``: ``batch`` is the stand-in row, trained
+        on with weight 0). With ``audit``, the log-prob gap of these forwards (of the batch's
+        anchor when it has one) is added to the step's and checked before the optimizer step."""
         world = distributed.world_size()
         names: list[str] = []  # the diagnostics this config's loss computes
         weighted = torch.zeros(())  # normalizer, loss, diagnostics, each times the normalizer
-        micros = split_evenly(batch, micro_batches)
+        micros = [take(batch, rows) for rows in plan]
         for index, micro in enumerate(micros):
             stand_in = empty or micro.batch_size[0] == 0
             tick = time.perf_counter()
@@ -277,9 +295,7 @@ class GRPOTrainer:
 def split_evenly(batch: TensorDictBase, parts: int) -> list[TensorDictBase]:
     """``batch`` cut into ``parts`` contiguous slices whose sizes differ by at most one (some
     empty when ``parts`` exceeds the rows)."""
-    size = batch.batch_size[0]
-    bounds = [round(size * i / parts) for i in range(parts + 1)]
-    return [batch[bounds[i] : bounds[i + 1]] for i in range(parts)]
+    return [take(batch, rows) for rows in row_plan(batch.batch_size[0], parts)]
 
 
 def _as_float(value: torch.Tensor) -> float:
