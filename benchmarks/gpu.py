@@ -19,6 +19,13 @@ Qwen2 shaped like Qwen2.5-0.5B over SmolLM2's vocabulary (its tokenizer, saved b
    model, prompts, lengths, reward, lr, beta 0. Step time and peak GPU memory
    (``torch.cuda.max_memory_allocated`` over the step) of each.
 
+3. **Packed against padded training**, the same model and settings, on the skewed-lengths batch
+   of ``benchmarks/skewed.py`` (16 prompts x G=4, three in four responses short, one in four at
+   256 tokens): the training phase (loss forward, backward, AdamW) with ``model.packing`` on and
+   off, alternating on one trainer, its time and peak GPU memory, and the share of the scoring
+   forward's positions that are padding. Target: at most 0.7x the padded time where padding is
+   at least 40% of the padded batch.
+
 ``--smoke``: a tiny Llama and tiny sizes, on CPU too (``tests/benchmarks/test_gpu_smoke.py``);
 its figures check the script, not llmrl. TRL runs with ``--trl-python`` (default: this Python)
 when ``trl`` imports there, and is reported as skipped otherwise.
@@ -50,6 +57,7 @@ BUNDLED_TOKENIZER = REPO / ".gpu-bundle" / "tokenizer"
 TARGET_DECODE = 5.0  # llmrl tokens/s / raw generate's
 TARGET_STEP = 0.5  # llmrl GRPO step time / TRL's
 TARGET_MEMORY = 1.0  # llmrl peak GPU memory / TRL's
+TARGET_PACKED = 0.7  # packed training phase / padded, where padding is >= 40% of the batch
 VOWELS = frozenset("aeiouAEIOU")
 PHASES = ("generation", "training", "weight sync")  # llmrl's step, timed and measured apart
 
@@ -121,6 +129,7 @@ def main() -> None:
 
     decode = measure_decode(model_dir, device, sizes)
     llmrl_step = measure_llmrl_grpo(model_dir, device, sizes)
+    packing = measure_packing(model_dir, device, sizes)
     trl_step, trl_skipped = None, None
     if args.no_trl:
         trl_skipped = "--no-trl"
@@ -130,7 +139,7 @@ def main() -> None:
         trl_step = run_trl_worker(args.trl_python, model_dir, device, sizes, workdir)
     if trl_skipped:
         print(f"TRL's GRPO step skipped: {trl_skipped}", flush=True)
-    report(sizes, device, decode, llmrl_step, trl_step, trl_skipped, results_dir, args)
+    report(sizes, device, decode, llmrl_step, trl_step, trl_skipped, results_dir, args, packing)
 
 
 def _mkdir(path: Path) -> Path:
@@ -376,6 +385,55 @@ def measure_llmrl_grpo(model_dir: Path, device: str, sizes: dict) -> dict[str, A
     return _step_summary(steps, (*PHASES, "resident MiB", *(f"{p} peak MiB" for p in PHASES)))
 
 
+def measure_packing(model_dir: Path, device: str, sizes: dict) -> dict[str, dict[str, Any]]:
+    """The skewed training phase packed and padded (see the module docstring): one trainer
+    whose scoring switches between the two, alternating after a warm-up each; per side the
+    median seconds, the peak memory over its steps and the padding share of its layout."""
+    from skewed import computed_positions, skewed_batch
+
+    from llmrl.config.common import LoraSettings
+    from llmrl.models import load_tokenizer
+    from llmrl.train.grpo_trainer import GRPOTrainer
+    from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
+    from llmrl.train.trainable_model import make_trainable
+
+    config = grpo_config(model_dir, device, sizes)
+    tokenizer = load_tokenizer(str(model_dir))
+    trainable = make_trainable(
+        build_model(model_dir, torch.float32, device), config.model, LoraSettings()
+    )
+    chats = rollout_chats(config.prompts_per_step)
+    batch = skewed_batch(
+        trainable, tokenizer, chats, config.num_samples, sizes["new_tokens"], 0, device
+    )
+    trainer = GRPOTrainer(config, trainable, tokenizer, total_steps=config.steps)
+    shares_prompts = not config.model.checkpoints_activations  # checkpointing: one pass
+    sides: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[tuple[float, float]]] = {"packed": [], "padded": []}
+    for rep in range(sizes["reps"] + 1):  # the first round is the warm-up
+        for name in runs:
+            trainer.loss_fn.actor.packing = name == "packed"
+            reset_peak_memory(device)
+            tick = time.perf_counter()
+            trainer.train(batch, 1)
+            _synchronize(device)
+            seconds = time.perf_counter() - tick
+            if rep:
+                runs[name].append((seconds, peak_memory_mb(device) or peak_rss_mb()))
+                print(f"llmrl {name} training {rep}: {seconds:.2f} s", flush=True)
+    for name, measured in runs.items():
+        positions = computed_positions(batch, name == "packed", shares_prompts)
+        seconds = sorted(s for s, _ in measured)[len(measured) // 2]
+        sides[name] = {
+            "seconds": seconds,
+            "peak_memory_mb": max(m for _, m in measured),
+            "padding_share": 1 - positions["tokens"] / positions["computed"],
+            "computed_positions": positions["computed"],
+        }
+    _release(device)
+    return sides
+
+
 def _allocated_mb(device: str) -> float:
     """MiB held by live tensors on ``device`` right now (CUDA; 0 elsewhere)."""
     return torch.cuda.memory_allocated(device) / 2**20 if device == "cuda" else 0.0
@@ -489,8 +547,9 @@ def report(
     trl_skipped: str | None,
     results_dir: Path,
     args: argparse.Namespace,
+    packing: dict[str, dict[str, Any]],
 ) -> None:
-    """Print the two tables and their ratios; save ``gpu.json``."""
+    """Print the three tables and their ratios; save ``gpu.json``."""
     ours, raw = decode["llmrl"], decode["raw generate"]
     what = f"{sizes['decode_prompts']} prompts x {sizes['new_tokens']} new tokens, bf16, {device}"
     print(f"\nDecode, {what}; llmrl's first call (compiling) {ours['first_call_seconds']:.1f} s")
@@ -554,7 +613,10 @@ def report(
                 peer=("TRL `GRPOTrainer`", measure(trl_step["peak_memory_mb"], "MiB")),
             )
         )
+    figures.append(report_packing(sizes, device, packing))
     contenders = {
+        "llmrl packed training": {"medians": packing["packed"]},
+        "llmrl padded training": {"medians": packing["padded"]},
         "llmrl decode": {"medians": decode["llmrl"]},
         "raw generate": {"medians": decode["raw generate"]},
         "llmrl GRPO step": {"medians": llmrl_step},
@@ -567,6 +629,38 @@ def report(
         extra={"device": device, "sizes": sizes, "trl_skipped": trl_skipped},
         results_dir=results_dir,
         args=args,
+    )
+
+
+def report_packing(sizes: dict, device: str, packing: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Print the packed/padded table and ratio; return its figure."""
+    what = (
+        f"packed vs padded training phase, {sizes['prompts']} prompts x G={sizes['samples']}, "
+        f"skewed responses <= {sizes['new_tokens']} tokens, bf16 mixed, {device}"
+    )
+    print(f"\n{what}")
+    print_table(
+        [
+            [
+                name,
+                f"{side['seconds']:.2f}",
+                f"{side['peak_memory_mb']:.0f}",
+                f"{side['padding_share']:.0%}",
+            ]
+            for name, side in packing.items()
+        ],
+        ["training", "s", "peak MiB", "padding"],
+    )
+    packed, padded = packing["packed"], packing["padded"]
+    ratio = packed["seconds"] / padded["seconds"]
+    print(f"ratio packed / padded (training phase): {ratio:.3f}")
+    return figure(
+        f"{what}, padding {padded['padding_share']:.0%} of the padded batch",
+        measure(packed["seconds"], "s"),
+        ratio,
+        TARGET_PACKED if padded["padding_share"] >= 0.4 else None,
+        higher_is_better=False,
+        peer=("llmrl padded", measure(padded["seconds"], "s")),
     )
 
 

@@ -15,8 +15,20 @@ pair, llmrl against TRL with gradient checkpointing off (the same compute as llm
 the first pair has exited: only two training processes are resident at a time. Each side's peak
 resident memory is printed beside its time.
 
+**Packed against padded** (``--only packing``, or part of the default run): llmrl with
+``model.packing`` on and off, side by side, on two workloads:
+
+- the skewed-lengths training phase (``benchmarks/skewed.py``: 8 prompts x G = 4, three in four
+  responses short, one in four at the ``--skewed-budget``): loss forward, backward and AdamW on
+  the same built batch, with the share of the scoring forward's positions that are padding;
+- the GRPO step above (sampling included), on what the model samples.
+
+Target: where padding is at least 40% of the padded batch, the packed training phase takes at
+most 0.7x the padded one's time.
+
     python benchmarks/grpo_step.py
     python benchmarks/grpo_step.py --reps 3 --trl-variants
+    python benchmarks/grpo_step.py --only packing
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from workload import grpo_arguments, grpo_options
 
 TARGET = 0.5  # llmrl step time / TRL step time, TRL with its defaults
 TARGET_NO_GC = 0.6  # the same against TRL with gradient checkpointing off
+TARGET_PACKED = 0.7  # packed training phase / padded, where padding is >= 40% of the batch
 PHASES = ("generation", "loss forward", "backward", "optimizer", "weight sync", "other")
 
 
@@ -58,15 +71,30 @@ def main() -> None:
         help="llmrl's micro_batch_size (rows per forward/backward, gradients accumulated into "
         "one step); default: the whole batch in one pass",
     )
+    parser.add_argument(
+        "--only", choices=("all", "trl", "packing"), default="all", help="which comparisons"
+    )
+    parser.add_argument(
+        "--skewed-budget", type=int, default=128, help="the skewed workload's response budget"
+    )
     args = parser.parse_args()
 
     options = grpo_options(args, rows=args.prompts)
+    figures, summaries = [], {}
+    if args.only in ("all", "trl"):
+        trl_pairs(args, options, figures, summaries)
+    if args.only in ("all", "packing"):
+        packing_pairs(args, options, figures, summaries)
+    save_results("grpo_step", figures, summaries, args=args)
+
+
+def trl_pairs(args: argparse.Namespace, options: dict, figures: list, summaries: dict) -> None:
+    """llmrl against TRL (and TRL without gradient checkpointing with ``--trl-variants``)."""
     peers = peers_python()
     # one pair at a time, so only two models train side by side (three did not fit in 24 GiB)
     pairs = [("TRL", {"gradient_checkpointing": True}, TARGET)]
     if args.trl_variants:
         pairs.append(("TRL (no grad ckpt)", {"gradient_checkpointing": False}, TARGET_NO_GC))
-    figures, summaries = [], {}
     for peer_name, peer_options, target in pairs:
         contenders = [
             Contender(
@@ -89,7 +117,84 @@ def main() -> None:
                 results[contender.name],
                 **{p: median_of(results[contender.name], "phases." + p) for p in PHASES},
             )
-    save_results("grpo_step", figures, summaries, args=args)
+
+
+def packing_pairs(args: argparse.Namespace, options: dict, figures: list, summaries: dict) -> None:
+    """llmrl packed against llmrl padded: the skewed training phase, then the GRPO step."""
+    skewed = {**options, "kind": "skewed_training", "new_tokens": args.skewed_budget}
+    step = {**options, "kind": "grpo_step", "micro_batch_size": args.micro_batch_size}
+    for workload, worker_options, key in (("skewed", skewed, "training"), ("step", step, None)):
+        contenders = [
+            Contender(f"llmrl {name} ({workload})", sys.executable, "llmrl_side.py", opts)
+            for name, opts in (
+                ("packed", {**worker_options, "packing": True}),
+                ("padded", {**worker_options, "packing": False}),
+            )
+        ]
+        try:
+            results = alternate(contenders, reps=args.reps)
+        finally:
+            for contender in contenders:
+                contender.close()
+        figures.append(report_packing(args, workload, contenders, results, key))
+        for contender in contenders:
+            summaries[contender.name] = summarize(
+                contender,
+                results[contender.name],
+                training=median_of(results[contender.name], key or "training"),
+                padding_share=contender.info.get("padding_share"),
+            )
+
+
+def report_packing(
+    args: argparse.Namespace,
+    workload: str,
+    contenders: list[Contender],
+    results: dict,
+    key: str | None,
+) -> dict:
+    """Print one packed/padded pair (step or training time, peak memory, padding) and return
+    its figure: the training phase's ratio on the skewed workload, the step's on the other."""
+    packed, padded = contenders
+    if workload == "skewed":
+        print(
+            f"\nPacked vs padded, training phase: {args.prompts} prompts x G={args.samples}, "
+            f"responses of at most {args.skewed_budget} tokens (3 in 4 short, 1 in 4 at the "
+            f"budget), fp32, CPU, {packed.info['torch_threads']} threads, median of {args.reps}"
+        )
+    else:
+        print(f"\nPacked vs padded, GRPO step (as above), median of {args.reps}")
+    rows = []
+    for contender in contenders:
+        runs = results[contender.name]
+        share = contender.info.get("padding_share")
+        rows.append(
+            [
+                contender.name,
+                f"{median_of(runs, 'seconds'):.2f}",
+                f"{median_of(runs, key or 'training'):.2f}",
+                f"{max_of(runs):.0f}",
+                "-" if share is None else f"{share:.0%}",
+            ]
+        )
+    print_table(rows, ["contender", "step s", "training s", "peak RSS MB", "padding"])
+    measured = key or "seconds"
+    ours, theirs = (median_of(results[c.name], measured) for c in contenders)
+    ratio = ours / theirs
+    share = padded.info.get("padding_share")
+    target = TARGET_PACKED if share is not None and share >= 0.4 else None
+    line = f"ratio packed / padded ({'training phase' if key else 'step'}): {ratio:.3f}"
+    print(line + (f"  {verdict(ratio, target, higher_is_better=False)}" if target else ""))
+    return figure(
+        f"packed vs padded {'training phase, skewed lengths' if key else 'GRPO step'}, "
+        f"{args.prompts} prompts x G={args.samples}"
+        + (f", padding {share:.0%} of the padded batch" if share is not None else ""),
+        measure(ours, "s"),
+        ratio,
+        target,
+        higher_is_better=False,
+        peer=("llmrl padded", measure(theirs, "s")),
+    )
 
 
 def report_pair(

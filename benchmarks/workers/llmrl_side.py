@@ -11,6 +11,8 @@ Kinds (``options["kind"]``):
 * ``overhead``: one such step, then the pure model compute of the same step on the same tokens
   (HF ``generate`` of the same prompts with the same seed + one forward/backward).
 * ``learning``: in-process GRPO steps for a wall-time budget, saving the model at fractions of it.
+* ``skewed_training``: the training phase of one GRPO step (loss forward, backward, AdamW) on
+  the skewed-lengths batch of ``benchmarks/skewed.py``, packed or padded (``packing``).
 * ``grpo_runtime``: ``steps_per_rep`` steps of :class:`llmrl.runtime.GRPORuntime` (the stage's
   own path: engine, env workers and trainer rank as Ray actors), ``mode`` sync or async, on a
   local Ray started for each request.
@@ -45,6 +47,8 @@ def setup(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         return info, _learning(options)
     if kind == "grpo_runtime":
         return _grpo_runtime(options, info)
+    if kind == "skewed_training":
+        return info, _skewed_training(options, info)
     return info, _grpo(options, with_pure_compute=kind == "overhead")
 
 
@@ -113,7 +117,7 @@ def _config(options: dict[str, Any], **fields: Any) -> Any:
     scratch = tempfile.mkdtemp(prefix="llmrl-bench-")
     return GRPOConfig.model_validate(
         {
-            "model": {"name": options["model"]},
+            "model": {"name": options["model"], "packing": options.get("packing", True)},
             "data": {"path": options["data"], "max_train_rows": options.get("max_train_rows")},
             "steps": 1000,  # the schedule's length; the benchmark runs a few
             "prompts_per_step": options["prompts"],
@@ -121,6 +125,7 @@ def _config(options: dict[str, Any], **fields: Any) -> Any:
             "generation": {"max_new_tokens": options["new_tokens"], "temperature": 1.0},
             "optimizer": {"lr": options["lr"], "schedule": "constant"},
             "micro_batch_size": options.get("micro_batch_size"),
+            "max_tokens_per_micro_batch": options.get("max_tokens_per_micro_batch"),
             "checkpoint": {"dir": f"{scratch}/checkpoints", "resume": "never"},
             "tracking": {"enabled": False},
             "output_dir": scratch,
@@ -154,6 +159,38 @@ def _grpo(options: dict[str, Any], with_pure_compute: bool):
             result["model"] = dict(model_time.seconds)
             result["pure"] = _pure_compute(grpo, batch, seed)
         return result
+
+    return run
+
+
+def _skewed_training(options: dict[str, Any], info: dict[str, Any]):
+    """One training phase per request on the skewed batch (built once, untimed): the
+    trainer's phases, and the positions its scoring forward computes (``padding_share``)."""
+    from skewed import computed_positions, skewed_batch
+
+    from llmrl.models import load_tokenizer
+    from llmrl.train.grpo_trainer import GRPOTrainer
+    from llmrl.train.trainable_model import load_trainable_model
+
+    config = _config({**options, "max_train_rows": options["prompts"]}, audit={"enabled": False})
+    model = load_trainable_model(config.model, config.lora)
+    tokenizer = load_tokenizer(config.model.spec)
+    chats = options["chats"][: options["prompts"]]
+    batch = skewed_batch(model, tokenizer, chats, options["samples"], options["new_tokens"], 0)
+    trainer = GRPOTrainer(config, model, tokenizer, total_steps=1000)
+    positions = computed_positions(batch, config.model.packing, share_prompts=True)
+    info["padding_share"] = 1 - positions["tokens"] / positions["computed"]
+    info["computed_positions"] = positions["computed"]
+
+    def run(seed: int) -> dict[str, Any]:
+        torch.manual_seed(seed)
+        metrics = trainer.train(batch, minibatches=1)
+        phases = {
+            "loss forward": metrics["loss_forward_seconds"],
+            "backward": metrics["backward_seconds"],
+            "optimizer": metrics["optimizer_seconds"],
+        }
+        return {"phases": phases, "training": sum(phases.values()), "loss": metrics["loss"]}
 
     return run
 

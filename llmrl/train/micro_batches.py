@@ -29,8 +29,7 @@ def sequence_lengths(batch: TensorDictBase) -> list[int]:
     """Tokens of each row's full sequence (prompt and response), from ``("tokens", "full")`` or,
     without it, the prompt's and the response's."""
     tokens = batch.get("tokens")
-    full = tokens.get("full", None) if hasattr(tokens, "get") else None
-    if full is not None:
+    if tokens.has("full"):
         return [len(row) for row in tokens.as_list("full")]
     prompts, responses = tokens.as_list("prompt"), tokens.as_list("response")
     return [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]

@@ -45,6 +45,17 @@ def test_smoke_run_reports_decode_and_the_llmrl_grpo_step(results):
     assert decode["ratio"] > 0 and decode["peer"]["value"] > 0
 
 
+def test_smoke_run_reports_packed_and_padded_training(results):
+    sides = [results["contenders"][f"llmrl {n} training"]["medians"] for n in ("packed", "padded")]
+    for side in sides:
+        assert side["seconds"] > 0 and side["peak_memory_mb"] > 0
+        assert 0 <= side["padding_share"] < 1 and side["computed_positions"] > 0
+    # the packed side never computes more positions than the padded one
+    assert sides[0]["computed_positions"] <= sides[1]["computed_positions"]
+    (packing,) = [f for f in results["figures"] if f["what"].startswith("packed vs padded")]
+    assert packing["ratio"] == pytest.approx(sides[0]["seconds"] / sides[1]["seconds"])
+
+
 @pytest.mark.skipif(
     not HAS_TRL,
     reason="trl is not importable in this venv (it lives in the "

@@ -19,6 +19,7 @@ from llmrl.models import load_model, load_tokenizer
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime import TrainerGroup, TrainerRankDied, split_groups
 from llmrl.topology import Topology, place_on_ray
+from llmrl.train.micro_batches import sequence_lengths
 from tests.train.conftest import first_update_loss_atol, stage_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -147,6 +148,32 @@ def test_micro_batches_on_two_uneven_ranks_update_like_one_process(
     for strategy in ("ddp", "fsdp"):
         metrics, weights = _train_once(micro, 2, strategy, three_groups, tmp_path / strategy)
         loss_atol = first_update_loss_atol(three_groups)  # and the norm as above
+        assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
+        assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
+        assert_same_update(weights, single, start)
+
+
+def test_packed_ranks_in_token_budgets_update_like_one_padded_process(
+    local_ray, arithmetic_data, tiny_model_dir, batch, tmp_path
+):
+    """Packed rows (activation checkpointing on, as on CUDA, so no rank shares prompts: every
+    forward packs), token-budget micro-batches and token-balanced shards, on DDP and FSDP ranks:
+    the update of one process scoring padded rows in one pass."""
+    config = _config(arithmetic_data, tiny_model_dir, tmp_path)
+    checkpointed = config.model.model_copy(update={"activation_checkpointing": True})
+    padded_model = checkpointed.model_copy(update={"packing": False})
+    padded = config.model_copy(update={"model": padded_model})
+    lengths = sequence_lengths(batch)
+    budget = 2 * max(lengths)  # 2-3 rows a pass, the 8 rows in 3-4 passes per rank
+    packed = config.model_copy(update={"model": checkpointed, "max_tokens_per_micro_batch": budget})
+    shards = split_groups(batch, 2, 2, by_tokens=True)
+    tokens = [sum(sequence_lengths(shard)) for shard, _ in shards]
+    assert abs(tokens[0] - tokens[1]) <= max(lengths) * 2  # within one group of each other
+    single_metrics, single = _train_once(padded, 1, "single", batch, tmp_path / "single")
+    start = load_file(Path(tiny_model_dir) / "model.safetensors")
+    for strategy in ("ddp", "fsdp"):
+        metrics, weights = _train_once(packed, 2, strategy, batch, tmp_path / strategy)
+        loss_atol = first_update_loss_atol(batch)  # and the norm as above
         assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
         assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
         assert_same_update(weights, single, start)

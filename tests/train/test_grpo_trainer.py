@@ -5,6 +5,7 @@ update is the whole batch's, its gradients accumulated over micro-batches."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from llmrl.objectives.consistency import ENGINE_KEY
 from llmrl.policies import TransformersWrapper
 from llmrl.train.audit import AuditError
 from llmrl.train.grpo_trainer import ANCHOR_KEY, GRPOTrainer
+from llmrl.train.micro_batches import sequence_lengths
 from tests.tolerances import log_prob_atol, max_abs
 from tests.train.conftest import first_update_loss_atol, stage_config
 
@@ -205,6 +207,88 @@ def test_a_micro_batch_size_below_one_names_the_field(arithmetic_data, tiny_mode
 
     with pytest.raises(ConfigError, match="micro_batch_size"):
         _trainer(arithmetic_data, tiny_model_dir, micro_batch_size=0)
+
+
+def test_micro_batch_size_and_a_token_budget_together_are_refused(arithmetic_data, tiny_model_dir):
+    from llmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="micro_batch_size and max_tokens_per_micro_batch both"):
+        _trainer(arithmetic_data, tiny_model_dir, micro_batch_size=2, max_tokens_per_micro_batch=99)
+
+
+def _budgets(rollout: TensorDictBase) -> list[tuple[int, list[int]]]:
+    """Token budgets and the rows of each pass they give (the rollout's 4 rows hold the same
+    prompt length and responses of 1-5 tokens, so within a few tokens of each other)."""
+    lengths = sequence_lengths(rollout)
+    longest = max(lengths)
+    assert 2 * min(lengths) > longest  # no two rows fit in `longest`; any two fit in 2x
+    return [
+        (min(lengths) - 1, [1, 1, 1, 1]),  # every row over the budget: each alone
+        (longest, [1, 1, 1, 1]),
+        (2 * longest, [2, 2]),
+        (4 * longest, [4]),
+    ]
+
+
+def test_token_budget_micro_batches_make_the_update_of_the_whole_batch(
+    rollout, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    fields = {"loss.entropy_coeff": 0.01}
+    whole = _trainer(arithmetic_data, tiny_model_dir, **fields)
+    whole_metrics = whole.train(rollout, minibatches=1)
+    for budget, rows in _budgets(rollout):
+        micro = _trainer(
+            arithmetic_data, tiny_model_dir, max_tokens_per_micro_batch=budget, **fields
+        )
+        scored = _scored_rows(micro, monkeypatch)
+        metrics = micro.train(rollout, minibatches=1)
+        assert scored == rows, budget
+        _assert_same_update(whole, micro, whole_metrics, metrics, rollout)
+        assert micro.optimizer.state_dict()["state"][0]["step"] == 1
+
+
+def test_a_rank_with_fewer_tokens_pads_its_token_micro_batches_with_stand_ins(
+    rollout, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    from llmrl.train import distributed
+
+    # another rank needs 3 passes: this one makes its 1 and 2 of weight 0
+    monkeypatch.setattr(distributed, "all_reduce_max", lambda passes: max(passes, 3))
+    whole = _trainer(arithmetic_data, tiny_model_dir)
+    micro = _trainer(arithmetic_data, tiny_model_dir, max_tokens_per_micro_batch=10_000)
+    scored = _scored_rows(micro, monkeypatch)
+    metrics = micro.train(rollout, minibatches=1)
+    assert scored == [4, 1, 1]  # the stand-ins score one row each, with weight 0
+    _assert_same_update(whole, micro, whole.train(rollout, minibatches=1), metrics, rollout)
+
+
+@pytest.mark.parametrize("variant", ["grpo", "gspo", "cispo"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "prompt_mean", "sum_norm"])
+def test_packed_rows_make_the_update_of_padded_rows(
+    variant, aggregation, rollout, arithmetic_data, tiny_model_dir, monkeypatch
+):
+    """Every loss variant and aggregation: packed and padded scoring give the same loss,
+    diagnostics and update. (The rollout's rows share prompts, which the trainer would score
+    once, unpacked; here the shared forward is priced out so that the packed one runs.)"""
+    from llmrl.policies import packing, response_scoring
+
+    monkeypatch.setattr(response_scoring, "shared_token_count", lambda *_: math.inf)
+    packed_calls = []
+    score_packed = packing.score_packed
+
+    def counted(*args, **kwargs):
+        packed_calls.append(len(args[1]))
+        return score_packed(*args, **kwargs)
+
+    monkeypatch.setattr(response_scoring, "score_packed", counted)
+    fields = {"loss.variant": variant, "loss.aggregation": aggregation, "loss.entropy_coeff": 0.01}
+    packed = _trainer(arithmetic_data, tiny_model_dir, **fields)
+    padded = _trainer(arithmetic_data, tiny_model_dir, **{"model.packing": False, **fields})
+    packed_metrics = packed.train(rollout, minibatches=1)
+    assert packed_calls == [4]  # the loss's one forward, packed
+    padded_metrics = padded.train(rollout, minibatches=1)
+    assert packed_calls == [4]  # and none with packing off
+    _assert_same_update(packed, padded, packed_metrics, padded_metrics, rollout)
 
 
 # ------------------------------------------------ the consistency audit's log-prob gap
