@@ -18,7 +18,7 @@ resident memory is printed beside its time.
 **Packed against padded** (``--only packing``, or part of the default run): llmrl with
 ``model.packing`` on and off, side by side, on two workloads:
 
-- the skewed-lengths training phase (``benchmarks/skewed.py``: 8 prompts x G = 4, three in four
+- the skewed-lengths training phase (``benchmarks/skewed.py``: 4 prompts x G = 4, three in four
   responses short, one in four at the ``--skewed-budget``): loss forward, backward and AdamW on
   the same built batch, with the share of the scoring forward's positions that are padding;
 - the GRPO step above (sampling included), on what the model samples.
@@ -75,7 +75,14 @@ def main() -> None:
         "--only", choices=("all", "trl", "packing"), default="all", help="which comparisons"
     )
     parser.add_argument(
-        "--skewed-budget", type=int, default=128, help="the skewed workload's response budget"
+        "--skewed-budget", type=int, default=256, help="the skewed workload's response budget"
+    )
+    parser.add_argument(
+        "--skewed-prompts",
+        type=int,
+        default=4,
+        help="the skewed workload's prompts (x G): two padded 8 x 4 x 256 trainers side by side "
+        "outgrow 24 GiB",
     )
     args = parser.parse_args()
 
@@ -85,7 +92,9 @@ def main() -> None:
         trl_pairs(args, options, figures, summaries)
     if args.only in ("all", "packing"):
         packing_pairs(args, options, figures, summaries)
-    save_results("grpo_step", figures, summaries, args=args)
+    # a packing-only run keeps its own file: the TRL comparison's stays as it was
+    name = "grpo_step_packing" if args.only == "packing" else "grpo_step"
+    save_results(name, figures, summaries, args=args)
 
 
 def trl_pairs(args: argparse.Namespace, options: dict, figures: list, summaries: dict) -> None:
@@ -121,7 +130,12 @@ def trl_pairs(args: argparse.Namespace, options: dict, figures: list, summaries:
 
 def packing_pairs(args: argparse.Namespace, options: dict, figures: list, summaries: dict) -> None:
     """llmrl packed against llmrl padded: the skewed training phase, then the GRPO step."""
-    skewed = {**options, "kind": "skewed_training", "new_tokens": args.skewed_budget}
+    skewed = {
+        **options,
+        "kind": "skewed_training",
+        "new_tokens": args.skewed_budget,
+        "prompts": args.skewed_prompts,
+    }
     step = {**options, "kind": "grpo_step", "micro_batch_size": args.micro_batch_size}
     for workload, worker_options, key in (("skewed", skewed, "training"), ("step", step, None)):
         contenders = [
@@ -158,7 +172,8 @@ def report_packing(
     packed, padded = contenders
     if workload == "skewed":
         print(
-            f"\nPacked vs padded, training phase: {args.prompts} prompts x G={args.samples}, "
+            f"\nPacked vs padded, training phase: {args.skewed_prompts} prompts x "
+            f"G={args.samples}, "
             f"responses of at most {args.skewed_budget} tokens (3 in 4 short, 1 in 4 at the "
             f"budget), fp32, CPU, {packed.info['torch_threads']} threads, median of {args.reps}"
         )
@@ -187,7 +202,7 @@ def report_packing(
     print(line + (f"  {verdict(ratio, target, higher_is_better=False)}" if target else ""))
     return figure(
         f"packed vs padded {'training phase, skewed lengths' if key else 'GRPO step'}, "
-        f"{args.prompts} prompts x G={args.samples}"
+        f"{args.skewed_prompts if key else args.prompts} prompts x G={args.samples}"
         + (f", padding {share:.0%} of the padded batch" if share is not None else ""),
         measure(ours, "s"),
         ratio,

@@ -203,8 +203,14 @@ def packing_problem(model: torch.nn.Module) -> str | None:
 
 @torch.no_grad()
 def _probe(model: torch.nn.Module) -> str | None:
-    """Logits of sequence B packed after sequence A against B alone and B after A unpacked."""
+    """Logits of sequence B packed after sequence A against B alone and B after A unpacked
+    (autocast off: in the weights' own precision, where rounding is smallest)."""
     device = next(model.parameters()).device
+    with torch.autocast(device.type, enabled=False):
+        return _probe_logits(model, device)
+
+
+def _probe_logits(model: torch.nn.Module, device: torch.device) -> str | None:
     vocab = int(getattr(unwrapped(model).config, "vocab_size", 32))
     first = torch.tensor([[3, 5, 7, 11]]) % vocab
     second = torch.tensor([[13, 17, 19]]) % vocab
@@ -235,11 +241,5 @@ def _probe(model: torch.nn.Module) -> str | None:
 
 
 def _half_precision(model: torch.nn.Module) -> bool:
-    """Whether the probe's forward computes in a 16-bit type (weights or autocast)."""
-    device = next(model.parameters()).device.type
-    dtype = next(model.parameters()).dtype
-    autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in (
-        torch.bfloat16,
-        torch.float16,
-    )
-    return autocast or dtype in (torch.bfloat16, torch.float16)
+    """Whether the probe's forward computes in a 16-bit type (the weights')."""
+    return next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
