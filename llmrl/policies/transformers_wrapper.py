@@ -256,7 +256,7 @@ class TransformersWrapper(LLMWrapperBase):
                 share_prompts=not uses_activation_checkpointing(self.model),
                 packing=self._packs(),
             )
-        if not return_logits and self._packs() and min(len(s) for s in sequences) > 0:
+        if not return_logits and self._packs() and min(map(len, sequences), default=0) > 0:
             return score_packed(  # every token but the first: its prediction
                 self.model,
                 sequences,
