@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from llmrl.transports.broadcast import GroupMembership
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class InferenceActor:
@@ -97,7 +99,7 @@ class InferenceActor:
                 generate=False, min_batch_size=None, max_batch_size=None
             )
         with self._serving():
-            return self._scorer(td)
+            return on_passing_thread(self._scorer, td)
 
     def load_state_dict(
         self,
@@ -115,7 +117,7 @@ class InferenceActor:
         """
         if isinstance(state_dict, PackedStateDict):
             state_dict = state_dict.unpack()
-        received = verify_checksum(state_dict, checksum, "inference actor")
+        received = on_passing_thread(verify_checksum, state_dict, checksum, "inference actor")
         return self._load(state_dict, version, received)
 
     def join_weight_group(self, membership: GroupMembership) -> None:
@@ -130,7 +132,7 @@ class InferenceActor:
         it; the checksum of the weights then held (as :meth:`load_state_dict`)."""
         if self._receiver is None:
             raise RuntimeError("receive_weights needs join_weight_group first")
-        received = self._receiver.receive()
+        received = on_passing_thread(self._receiver.receive)
         return self._load(received.state, received.version, received.checksum)
 
     def _load(self, state_dict: dict[str, torch.Tensor], version: int | None, checksum: str) -> str:
@@ -139,9 +141,7 @@ class InferenceActor:
                 self.policy.load_weights(state_dict.items(), version=version, checksum=checksum)
                 held = self._verified = checksum  # verified by the engines before loading
             else:
-                with torch.no_grad():
-                    self.policy.model.load_state_dict(state_dict)
-                held = weights_checksum(held_weights(self.policy.model, state_dict))
+                held = on_passing_thread(_load_into, self.policy.model, state_dict)
             if version is not None:
                 self.version = int(version)
         return held
@@ -151,7 +151,7 @@ class InferenceActor:
         state dict; for a vLLM policy, the checksum its engines last verified (None before)."""
         if callable(getattr(self.policy, "load_weights", None)):
             return self._verified
-        return weights_checksum(self.policy.model.state_dict())
+        return on_passing_thread(lambda: weights_checksum(self.policy.model.state_dict()))
 
     def set_version(self, version: int) -> None:
         """Record the version of weights loaded by other means (NCCL broadcasts)."""
@@ -192,6 +192,41 @@ class InferenceActor:
             with self._gate:
                 self._loading = False
                 self._gate.notify_all()
+
+
+def _load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> str:
+    """Copy ``state_dict`` into ``model``; the checksum of what it then holds under those names."""
+    with torch.no_grad():
+        model.load_state_dict(state_dict)
+    return weights_checksum(held_weights(model, state_dict))
+
+
+def on_passing_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on a thread started for the call and joined (its exception re-raised).
+
+    For torch work an inference actor does beside its policy's model calls (weight loads and
+    checksums, scoring). Torch's OpenMP runtime (libgomp) keeps a team of threads for every
+    thread that ever ran a parallel region, for as long as that thread lives, and once a
+    process holds more such threads than it has CPUs, every team stops spin-waiting between
+    parallel regions and sleeps instead. A Ray actor's method threads live as long as the
+    actor: after one weight load on one of them the engine's decode (thousands of short
+    regions) kept 1.5 of its 2 cores busy instead of 2.0, and took 10-20% longer, for the rest
+    of the run. A thread that ends takes its team with it.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="llmrl-actor-torch")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class EnvWorker:
