@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -351,7 +352,8 @@ RAW_SERVER = r'''
 """A hand-written stdio MCP server: argv[1] is a file it writes its pid to. Its one tool, `act`,
 answers "ok", or with `mode` breaks the protocol: "binary" garbage, a "partial" line that never
 ends, a "flood" of bytes without a newline, "notrpc" JSON, "deafen": answers, then stops reading
-its stdin. `--banner` writes a non-protocol line before anything else."""
+its stdin, "busy": answers, then computes without reading. `--banner` writes a non-protocol line
+before anything else."""
 import json
 import os
 import sys
@@ -398,6 +400,9 @@ for line in sys.stdin.buffer:
                   "result": {"content": [{"type": "text", "text": "ok"}], "isError": False}})
             if mode == "deafen":
                 forever()
+            if mode == "busy":  # a loaded machine: the server computes and reads nothing
+                while True:
+                    pass
             continue
         forever()
     elif rid is not None:
@@ -462,6 +467,24 @@ def test_a_server_breaking_the_protocol_is_stopped_and_restarted(raw, mode, reas
     assert gone(pid, within_s=1.0), "the broken server is killed"
     assert raw.call_tool("act", {"mode": "ok"}) == "ok", "a fresh server serves the next call"
     assert pid_in(raw.pid_file) != pid
+
+
+def test_a_server_busy_computing_is_slow_not_deaf(raw):
+    """Unread bytes in a server's stdin while it uses the CPU: a slow server (a loaded machine),
+    kept, not a protocol break."""
+    assert raw.call_tool("act", {"mode": "busy"}) == "ok"
+    pid = pid_in(raw.pid_file)
+    try:
+        message = raw.call_tool("act", {"mode": "ok"})
+        assert message == f"Error: tool 'act' timed out after {RAW_TIMEOUT_S:g} s (no result)"
+        os.kill(pid, 0)  # kept: still running
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert gone(pid, within_s=5.0)
+    # killed between calls: the next call (or, if it first hears of the death, the one after)
+    # starts a fresh server
+    replies = [raw.call_tool("act", {"mode": "ok"}) for _ in range(2)]
+    assert replies[-1] == "ok", replies
 
 
 def test_a_broken_server_in_an_episode_is_a_tool_message(raw):

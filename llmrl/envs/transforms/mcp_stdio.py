@@ -76,9 +76,12 @@ class StdioGuard:
             return f"it left an unfinished message ({self.partial_bytes} bytes, no newline)"
         unread = _unread_stdin_bytes(self.process)
         if unread:
+            ticks = _cpu_ticks(self.process)
             await asyncio.sleep(UNREAD_GRACE_S)
             still = _unread_stdin_bytes(self.process)
-            if still and still >= unread:
+            # a server that used the CPU meanwhile is slow (a loaded machine), not deaf
+            busy = ticks is not None and _cpu_ticks(self.process) != ticks
+            if still and still >= unread and not busy:
                 return f"it stopped reading its stdin ({still} bytes unread)"
         return None
 
@@ -138,6 +141,19 @@ def _parse(line: bytes, adapter: Any) -> Any:
 def _preview(line: bytes, limit: int = 60) -> str:
     shown = repr(line[:limit])
     return shown + (f" ... ({len(line)} bytes)" if len(line) > limit else "")
+
+
+def _cpu_ticks(process: asyncio.subprocess.Process | None) -> int | None:
+    """The server process's user + system CPU time in clock ticks (``/proc/<pid>/stat``), or
+    None where it cannot be read (no such process, no procfs)."""
+    if process is None or process.returncode is not None:
+        return None
+    try:
+        with open(f"/proc/{process.pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
 
 
 def _unread_stdin_bytes(process: asyncio.subprocess.Process | None) -> int:
