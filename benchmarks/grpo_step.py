@@ -94,7 +94,7 @@ def main() -> None:
         packing_pairs(args, options, figures, summaries)
     # a packing-only run keeps its own file: the TRL comparison's stays as it was
     name = "grpo_step_packing" if args.only == "packing" else "grpo_step"
-    save_results(name, figures, summaries, args=args)
+    save_results(name, figures, summaries, args=args, script="grpo_step.py")
 
 
 def trl_pairs(args: argparse.Namespace, options: dict, figures: list, summaries: dict) -> None:

@@ -293,17 +293,20 @@ def save_results(
     extra: dict[str, Any] | None = None,
     results_dir: Path | None = None,
     args: Any = None,
+    script: str | None = None,
 ) -> Path:
     """Write ``results/<name>.json``: the benchmark, when, the command line, the machine, each
     contender's entry (``summarize``) and the ``figures`` (``figure``), plus ``extra``: the
     script's parsed ``args`` (the workload's settings) and any further facts it passes.
-    Overwrites the previous file of that benchmark; returns its path."""
+    ``script``: the script that wrote it, when its name is not ``<name>.py``. Overwrites the
+    previous file of that benchmark; returns its path."""
     if args is not None:
         extra = {**{k: _json_safe(v) for k, v in vars(args).items()}, **(extra or {})}
     directory = RESULTS_DIR if results_dir is None else Path(results_dir)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
+        "script": script or f"{name}.py",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": shlex.join(["python", *sys.argv]),
         "git_commit": _git_commit(),

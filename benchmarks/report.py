@@ -24,7 +24,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-ORDER = ("rollout", "grpo_step", "overhead", "runtime", "weight_push", "learning", "model_load")
+ORDER = (
+    "rollout",
+    "grpo_step",
+    "grpo_step_packing",
+    "overhead",
+    "runtime",
+    "weight_push",
+    "learning",
+    "model_load",
+)
 HEADER = "| benchmark | what | llmrl | peer | ratio | target | verdict |"
 VERSIONS = ("torch", "transformers", "trl", "torchrl", "tensordict", "ray")
 
@@ -58,7 +67,7 @@ def render(results: list[dict[str, Any]]) -> str:
     for result in results:
         previous = None
         for figure in result.get("figures", []):
-            lines.append(_row(result["benchmark"], figure, same=figure["what"] == previous))
+            lines.append(_row(_script(result), figure, same=figure["what"] == previous))
             previous = figure["what"]
     if not results:
         lines.append("| (no results files) | | | | | | |")
@@ -103,7 +112,12 @@ def _shown(measure: dict[str, Any] | None) -> str:
     return "" if value is None else f"{value:.4g} {measure.get('unit', '')}".strip()
 
 
-def _row(benchmark: str, figure: dict[str, Any], same: bool) -> str:
+def _script(result: dict[str, Any]) -> str:
+    """The script that wrote ``result`` (files before ``script`` was recorded: the name's)."""
+    return result.get("script") or f"{result['benchmark']}.py"
+
+
+def _row(script: str, figure: dict[str, Any], same: bool) -> str:
     peer = figure.get("peer")
     peer_text = f"{peer['name']} {_shown(peer)}".strip() if peer else ""
     ratio = figure.get("ratio_text") or (
@@ -125,7 +139,7 @@ def _row(benchmark: str, figure: dict[str, Any], same: bool) -> str:
     if figure.get("note"):
         verdict += f" ({figure['note']})"
     cells = [
-        f"`{benchmark}.py`",
+        f"`{script}`",
         "same" if same else figure["what"],
         _shown(figure.get("llmrl")),
         peer_text,
@@ -184,9 +198,7 @@ def _file_line(result: dict[str, Any]) -> str:
         parts.append("contenders: " + ", ".join(contenders))
     if result.get("command"):
         parts.append(f"command `{result['command']}`")
-    return f"- `{result['benchmark']}.py`, {_date(result.get('date', '?'))}{source}: " + "; ".join(
-        parts
-    )
+    return f"- `{_script(result)}`, {_date(result.get('date', '?'))}{source}: " + "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> None:

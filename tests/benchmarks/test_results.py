@@ -357,3 +357,14 @@ def test_save_results_records_the_scripts_arguments(tmp_path):
         "lr": 5e-6,
         "same_tokens": True,
     }
+
+
+def test_a_results_file_names_the_script_that_wrote_it(tmp_path):
+    save_results("grpo_step_packing", [], {}, results_dir=tmp_path, script="grpo_step.py")
+    save_results("rollout", [], {}, results_dir=tmp_path)
+    scripts = {r["benchmark"]: r["script"] for r in report.load_results(tmp_path)}
+    assert scripts == {"grpo_step_packing": "grpo_step.py", "rollout": "rollout.py"}
+    lines = report.render(report.load_results(tmp_path)).splitlines()
+    assert any(line.startswith("- `grpo_step.py`, ") for line in lines)
+    old = {"benchmark": "overhead", "figures": []}  # written before `script` was recorded
+    assert report._script(old) == "overhead.py"
