@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -423,9 +424,8 @@ def measure_packing(model_dir: Path, device: str, sizes: dict) -> dict[str, dict
                 print(f"llmrl {name} training {rep}: {seconds:.2f} s", flush=True)
     for name, measured in runs.items():
         positions = computed_positions(batch, name == "packed", shares_prompts)
-        seconds = sorted(s for s, _ in measured)[len(measured) // 2]
         sides[name] = {
-            "seconds": seconds,
+            "seconds": statistics.median(s for s, _ in measured),
             "peak_memory_mb": max(m for _, m in measured),
             "padding_share": 1 - positions["tokens"] / positions["computed"],
             "computed_positions": positions["computed"],

@@ -76,25 +76,24 @@ def skewed_batch(
 
 def computed_positions(batch: TensorDict, packing: bool, share_prompts: bool) -> dict[str, int]:
     """Positions the trainer's scoring forward computes for ``batch`` (``computed``) and the
-    real tokens among them (``tokens``), for the layout it takes: packed rows when packing and
-    they cost no more than sharing the prompts; else the shared-prompt pass (prompts shared
-    within groups) or one padded pass."""
+    real tokens among them (``tokens``), for the layout it takes
+    (:func:`~llmrl.policies.response_scoring.plan_scoring`)."""
     from llmrl.policies.packing import pack_sequences
-    from llmrl.policies.prompt_cache import distinct_rows
-    from llmrl.policies.response_scoring import shared_token_count
+    from llmrl.policies.response_scoring import plan_scoring, shared_token_count
 
     prompts = batch["tokens"].as_list("prompt")
     responses = batch["tokens"].as_list("response")
     sequences = [torch.cat([p, r]) for p, r in zip(prompts, responses, strict=True)]
-    firsts, _ = distinct_rows(prompts)
-    distinct = [prompts[i] for i in firsts]
-    shared = shared_token_count(distinct, responses) if share_prompts else None
-    packed = pack_sequences(sequences, [len(p) for p in prompts], 0)
-    packed_total = packed.input_ids.numel()
-    if packing and (shared is None or packed_total <= shared):
-        return {"computed": packed_total, "tokens": packed_total - packed.padding}
-    if shared is not None:
-        real = sum(len(p) - 1 for p in distinct) + sum(1 + len(r) for r in responses)
-        return {"computed": shared, "tokens": real}
-    width = max(len(p) for p in prompts) + max(len(r) for r in responses)
+    lengths = [len(p) for p in prompts]
+    plan = plan_scoring(sequences, lengths, share_prompts=share_prompts, packing=packing)
+    if plan.kind == "packed":
+        packed = pack_sequences(sequences, lengths, 0)
+        return {
+            "computed": packed.input_ids.numel(),
+            "tokens": packed.input_ids.numel() - packed.padding,
+        }
+    if plan.kind == "shared":
+        real = sum(len(p) - 1 for p in plan.distinct) + sum(1 + len(r) for r in responses)
+        return {"computed": shared_token_count(plan.distinct, responses), "tokens": real}
+    width = max(lengths) + max(len(r) for r in responses)
     return {"computed": len(sequences) * width, "tokens": sum(len(s) for s in sequences)}

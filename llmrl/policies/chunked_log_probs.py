@@ -290,9 +290,9 @@ class _HeadSwitch:
                 f"{list(targets.shape)}; pass one target per position the output layer sees "
                 "(mind logits_to_keep)"
             )
-        shape = targets.shape
         if keep is not None:  # the scored positions only: [kept, H]
-            hidden, targets, shape = hidden[keep], targets[keep], (int(keep.sum()),)
+            hidden, targets = hidden[keep], targets[keep]
+        shape = targets.shape
         log_probs, entropy = chunked_log_probs(
             hidden.reshape(-1, hidden.shape[-1]),
             self.head.weight,

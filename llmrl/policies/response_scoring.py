@@ -22,6 +22,7 @@ exist, in forward or backward.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,15 +68,10 @@ def score_responses(
     its prompt, so G responses to one long prompt with short answers cost less shared than
     packed.
     """
-    prompts = [s[:n] for s, n in zip(sequences, prompt_lengths, strict=True)]
-    responses = [s[n:] for s, n in zip(sequences, prompt_lengths, strict=True)]
-    firsts, row_to_prompt = distinct_rows(prompts)
-    distinct = [prompts[i] for i in firsts]
-    shareable = len(distinct) < len(prompts) and min(len(p) for p in distinct) > 1
-    shares = shareable and share_prompts and not is_fully_sharded(model)
-    if packing and packed_token_count([len(s) for s in sequences]) <= (
-        shared_token_count(distinct, responses) if shares else math.inf
-    ):
+    share_prompts = share_prompts and not is_fully_sharded(model)
+    plan = plan_scoring(sequences, prompt_lengths, share_prompts=share_prompts, packing=packing)
+    prompts, responses, distinct = plan.prompts, plan.responses, plan.distinct
+    if plan.kind == "packed":
         return score_packed(
             model,
             sequences,
@@ -86,9 +82,9 @@ def score_responses(
             with_entropy=with_entropy,
         )
     head = (log_prob_chunk_size, with_entropy)
-    if shares:
+    if plan.kind == "shared":
         log_probs, entropy, response_mask = _shared_prompts(
-            model, distinct, row_to_prompt, responses, pad_token_id, device, head
+            model, distinct, plan.row_to_prompt, responses, pad_token_id, device, head
         )
     else:
         log_probs, entropy, response_mask = _one_pass(
@@ -102,6 +98,39 @@ def score_responses(
     return ScoreResult(
         log_probs=laid_out(log_probs), entropy=laid_out(entropy) if entropy is not None else None
     )
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """Which forward :func:`score_responses` takes (``kind``: ``"packed"``, ``"shared"``: each
+    distinct prompt once, or ``"one_pass"``: padded rows), and the rows cut the way it uses
+    them: ``prompts``, ``responses``, the ``distinct`` prompts and each row's index among them."""
+
+    kind: str
+    prompts: list[torch.Tensor]
+    responses: list[torch.Tensor]
+    distinct: list[torch.Tensor]
+    row_to_prompt: list[int]
+
+
+def plan_scoring(
+    sequences: list[torch.Tensor], prompt_lengths: list[int], *, share_prompts: bool, packing: bool
+) -> ScoringPlan:
+    """The forward for these rows: packed when ``packing`` and it computes no more positions
+    than sharing the prompts (when rows share prompts of more than one token and
+    ``share_prompts``); else shared, else one padded pass."""
+    prompts = [s[:n] for s, n in zip(sequences, prompt_lengths, strict=True)]
+    responses = [s[n:] for s, n in zip(sequences, prompt_lengths, strict=True)]
+    firsts, row_to_prompt = distinct_rows(prompts)
+    distinct = [prompts[i] for i in firsts]
+    shareable = len(distinct) < len(prompts) and min(len(p) for p in distinct) > 1
+    shares = shareable and share_prompts
+    shared = shared_token_count(distinct, responses) if shares else math.inf
+    if packing and packed_token_count([len(s) for s in sequences]) <= shared:
+        kind = "packed"
+    else:
+        kind = "shared" if shares else "one_pass"
+    return ScoringPlan(kind, prompts, responses, distinct, row_to_prompt)
 
 
 def shared_token_count(distinct: list[torch.Tensor], responses: list[torch.Tensor]) -> int:

@@ -114,26 +114,43 @@ def _train_once(config, ranks, strategy, batch, tmp_path) -> tuple[dict, dict]:
     return metrics, load_file(Path(path) / "model" / "model.safetensors")
 
 
+def _ranks_update_like_one_process(
+    ranks_config, one_config, batch, model_dir, tmp_path
+) -> tuple[dict, dict, dict, dict[str, dict]]:
+    """One step of ``one_config`` in one process, then of ``ranks_config`` on two DDP and on two
+    FSDP ranks, each checked to make the one process's update: the same loss, gradient norm and
+    weights. Returns the one process's metrics, its weights, the starting weights and each
+    strategy's metrics.
+
+    The norm's relative rounding is at most that of its largest element, a sum over the
+    vocabulary (grad_logits @ W): eps sqrt(V) = 2.6e-5 per sigma, and rel=1e-4 is ~4 sigmas of
+    one scalar; the loss cancels to ~0 (``first_update_loss_atol``)."""
+    single_metrics, single = _train_once(one_config, 1, "single", batch, tmp_path / "single")
+    start = load_file(Path(model_dir) / "model.safetensors")
+    ranked = {}
+    for strategy in ("ddp", "fsdp"):
+        metrics, weights = _train_once(ranks_config, 2, strategy, batch, tmp_path / strategy)
+        loss_atol = first_update_loss_atol(batch)
+        assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
+        assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
+        assert_same_update(weights, single, start)
+        ranked[strategy] = metrics
+    return single_metrics, single, start, ranked
+
+
 def test_ddp_and_fsdp_with_two_ranks_update_like_one_process(
     local_ray, arithmetic_data, tiny_model_dir, batch, tmp_path
 ):
     config = _config(arithmetic_data, tiny_model_dir, tmp_path)
-    single_metrics, single = _train_once(config, 1, "single", batch, tmp_path / "single")
-    start = load_file(Path(tiny_model_dir) / "model.safetensors")
+    single_metrics, single, start, ranked = _ranks_update_like_one_process(
+        config, config, batch, tiny_model_dir, tmp_path
+    )
     moved = max(float((single[k] - start[k]).abs().max()) for k in single)
     # Adam's first step: LR |g| / (|g| + eps) <= LR, plus the stored weight's rounding (ulp of
     # weights ~1: 1.2e-7 = 1e-3 LR); 5% tells a step from none or from a scaled one
     assert moved == pytest.approx(LR, rel=0.05)  # the step did move weights by ~LR
-    for strategy in ("ddp", "fsdp"):
-        metrics, weights = _train_once(config, 2, strategy, batch, tmp_path / strategy)
-        # the norm's relative rounding is at most that of its largest element, a sum over the
-        # vocabulary (grad_logits @ W): eps sqrt(V) = 2.6e-5 per sigma, and rel=1e-4 is ~4
-        # sigmas of one scalar; the ESS of ratios exactly 1 is exactly 1
-        loss_atol = first_update_loss_atol(batch)  # the loss cancels to ~0
-        assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
-        assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
+    for metrics in ranked.values():  # the ESS of ratios exactly 1 is exactly 1
         assert metrics["ESS"] == pytest.approx(single_metrics["ESS"], rel=1e-5)
-        assert_same_update(weights, single, start)
 
 
 def test_micro_batches_on_two_uneven_ranks_update_like_one_process(
@@ -143,14 +160,7 @@ def test_micro_batches_on_two_uneven_ranks_update_like_one_process(
     micro = config.model_copy(update={"micro_batch_size": 1})
     three_groups = batch[:6]  # ranks get 4 and 2 rows: 4 passes each, 2 of them stand-ins
     assert [s.batch_size[0] for s, _ in split_groups(three_groups, 2, 2)] == [4, 2]
-    single_metrics, single = _train_once(config, 1, "single", three_groups, tmp_path / "single")
-    start = load_file(Path(tiny_model_dir) / "model.safetensors")
-    for strategy in ("ddp", "fsdp"):
-        metrics, weights = _train_once(micro, 2, strategy, three_groups, tmp_path / strategy)
-        loss_atol = first_update_loss_atol(three_groups)  # and the norm as above
-        assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
-        assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
-        assert_same_update(weights, single, start)
+    _ranks_update_like_one_process(micro, config, three_groups, tiny_model_dir, tmp_path)
 
 
 def test_packed_ranks_in_token_budgets_update_like_one_padded_process(
@@ -169,14 +179,7 @@ def test_packed_ranks_in_token_budgets_update_like_one_padded_process(
     shards = split_groups(batch, 2, 2, by_tokens=True)
     tokens = [sum(sequence_lengths(shard)) for shard, _ in shards]
     assert abs(tokens[0] - tokens[1]) <= max(lengths) * 2  # within one group of each other
-    single_metrics, single = _train_once(padded, 1, "single", batch, tmp_path / "single")
-    start = load_file(Path(tiny_model_dir) / "model.safetensors")
-    for strategy in ("ddp", "fsdp"):
-        metrics, weights = _train_once(packed, 2, strategy, batch, tmp_path / strategy)
-        loss_atol = first_update_loss_atol(batch)  # and the norm as above
-        assert metrics["loss"] == pytest.approx(single_metrics["loss"], rel=1e-5, abs=loss_atol)
-        assert metrics["grad_norm"] == pytest.approx(single_metrics["grad_norm"], rel=1e-4)
-        assert_same_update(weights, single, start)
+    _ranks_update_like_one_process(packed, padded, batch, tiny_model_dir, tmp_path)
 
 
 def test_fsdp_ranks_in_bfloat16_keep_float32_masters_and_save_bfloat16(

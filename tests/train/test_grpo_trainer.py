@@ -185,21 +185,30 @@ def test_micro_batches_make_the_update_of_the_whole_batch(
     assert micro.optimizer.state_dict()["state"][0]["step"] == 1
 
 
-def test_a_rank_with_fewer_rows_pads_its_micro_batches_with_weight_zero_stand_ins(
-    rollout, arithmetic_data, tiny_model_dir, monkeypatch
+@pytest.mark.parametrize(
+    ("fields", "rows", "other_rank", "passes"),
+    [
+        # another rank got 4 rows: with 1 row per pass, this rank makes 4 passes over its 2
+        # rows, 2 of them stand-ins
+        ({"micro_batch_size": 1}, 2, 4, [1, 1, 1, 1]),
+        # another rank needs 3 token-budget passes: this one makes its 1 and 2 stand-ins
+        ({"max_tokens_per_micro_batch": 10_000}, 4, 3, [4, 1, 1]),
+    ],
+    ids=["rows", "tokens"],
+)
+def test_a_rank_with_less_work_pads_its_micro_batches_with_weight_zero_stand_ins(
+    fields, rows, other_rank, passes, rollout, arithmetic_data, tiny_model_dir, monkeypatch
 ):
     from llmrl.train import distributed
 
-    # another rank got 4 rows: with 1 row per pass, this rank makes 4 passes over its 2 rows
-    monkeypatch.setattr(distributed, "all_reduce_max", lambda rows: max(rows, 4))
+    monkeypatch.setattr(distributed, "all_reduce_max", lambda count: max(count, other_rank))
+    batch = rollout[:rows]
     whole = _trainer(arithmetic_data, tiny_model_dir)
-    micro = _trainer(arithmetic_data, tiny_model_dir, micro_batch_size=1)
+    micro = _trainer(arithmetic_data, tiny_model_dir, **fields)
     scored = _scored_rows(micro, monkeypatch)
-    micro_metrics = micro.train(rollout[:2], minibatches=1)
-    assert scored == [1, 1, 1, 1]  # its 2 rows, then 2 stand-in rows of weight 0
-    _assert_same_update(
-        whole, micro, whole.train(rollout[:2], minibatches=1), micro_metrics, rollout[:2]
-    )
+    micro_metrics = micro.train(batch, minibatches=1)
+    assert scored == passes  # the stand-ins score one row each, with weight 0
+    _assert_same_update(whole, micro, whole.train(batch, minibatches=1), micro_metrics, batch)
 
 
 def test_a_micro_batch_size_below_one_names_the_field(arithmetic_data, tiny_model_dir):
@@ -245,21 +254,6 @@ def test_token_budget_micro_batches_make_the_update_of_the_whole_batch(
         assert scored == rows, budget
         _assert_same_update(whole, micro, whole_metrics, metrics, rollout)
         assert micro.optimizer.state_dict()["state"][0]["step"] == 1
-
-
-def test_a_rank_with_fewer_tokens_pads_its_token_micro_batches_with_stand_ins(
-    rollout, arithmetic_data, tiny_model_dir, monkeypatch
-):
-    from llmrl.train import distributed
-
-    # another rank needs 3 passes: this one makes its 1 and 2 of weight 0
-    monkeypatch.setattr(distributed, "all_reduce_max", lambda passes: max(passes, 3))
-    whole = _trainer(arithmetic_data, tiny_model_dir)
-    micro = _trainer(arithmetic_data, tiny_model_dir, max_tokens_per_micro_batch=10_000)
-    scored = _scored_rows(micro, monkeypatch)
-    metrics = micro.train(rollout, minibatches=1)
-    assert scored == [4, 1, 1]  # the stand-ins score one row each, with weight 0
-    _assert_same_update(whole, micro, whole.train(rollout, minibatches=1), metrics, rollout)
 
 
 @pytest.mark.parametrize("variant", ["grpo", "gspo", "cispo"])
