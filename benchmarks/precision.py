@@ -96,7 +96,7 @@ def sft_moves(
     from llmrl.config.sft import SFTConfig
     from llmrl.models import load_model
     from llmrl.stages.sft import run_sft
-    from llmrl.train.checkpoint import CheckpointManager
+    from llmrl.train.checkpoint import load_checkpoint
     from llmrl.train.trainable_model import make_trainable
 
     with tempfile.TemporaryDirectory(prefix="llmrl-precision-") as scratch:
@@ -131,7 +131,7 @@ def sft_moves(
         result = run_sft(config)
         final = as_trained()
         checkpoint = Path(result.final_checkpoint).parent
-        CheckpointManager(checkpoint.parent).load(checkpoint, model=final, restore_rng=False)
+        load_checkpoint(checkpoint, model=final, restore_rng=False)
         after = {n: p.detach().float() for n, p in final.named_parameters()}
     squared = sum(float(((after[n] - before[n]) ** 2).sum()) for n in before)
     changed = sum(int((after[n] != before[n]).sum()) for n in before)

@@ -10,7 +10,7 @@ are logged at). The phases:
 - ``backward``: the gradients of a GRPO minibatch are computed, the optimizer has not stepped
   (``n`` picks the minibatch update within the step); reached in every trainer rank's actor,
   which dies (the stage then exits naming the rank);
-- ``checkpoint_write``: :meth:`~llmrl.train.checkpoint.CheckpointManager.save` (in GRPO: by
+- ``checkpoint_write``: :meth:`~llmrl.train.checkpoint.CheckpointWriter.save` (in GRPO: by
   trainer rank 0) of that step has
   written the weights and optimizer state but not the rest (``n=1``), or everything including
   the ``COMPLETE`` marker but not yet renamed the directory into place (``n=2``);

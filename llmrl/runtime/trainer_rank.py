@@ -8,7 +8,9 @@ meet in collectives (gradient averaging, FSDP gathers, the loss normalizer). Ran
   weight transport (:mod:`llmrl.transports`, chosen by ``topology.weight_transport``), so
   weights never pass through the driver;
 - writes checkpoints (Hugging Face weights, the whole optimizer state keyed by parameter name,
-  so any world size and strategy resumes from them).
+  so any world size and strategy resumes from them): it holds the checkpoint folder's one
+  :class:`~llmrl.train.checkpoint.CheckpointWriter` and recovers the folder in ``setup``; the
+  driver and the other ranks only read it.
 """
 
 from __future__ import annotations
@@ -89,13 +91,14 @@ class TrainerRank:
             self.precision.warn_if_pure()
         model = load_trainable_model(config.model, config.lora)  # float32 masters when mixed
         if resume_from is not None:  # its masters too: the exact weights it stopped at
-            from llmrl.train.checkpoint import CheckpointManager
+            from llmrl.train.checkpoint import load_checkpoint
 
-            CheckpointManager(self.config.checkpoint.dir).load(resume_from, model=model)
+            load_checkpoint(resume_from, model=model)
         wrapped = distributed.wrap_model(model, self.strategy, self.precision.fsdp_policy())
         self.trainer = GRPOTrainer(config, wrapped, self.tokenizer, self.total_optimizer_steps)
         if resume_from is not None:
             self._load_training_state(resume_from)
+        self._own_checkpoints(resume_from)
         if self.reference_with_trainer:
             from llmrl.runtime.reference import ReferenceScorer
 
@@ -165,32 +168,36 @@ class TrainerRank:
             return None
         # model/ in model.dtype; the float32 masters beside it under mixed precision
         model_state, masters = self.precision.checkpoint_weights(distributed.unwrap(model), full)
-        if self.checkpoints is None:
-            from llmrl.train.checkpoint import CheckpointManager
+        from llmrl.train.checkpoint import CheckpointPayload
 
-            settings = self.config.checkpoint
-            self.checkpoints = CheckpointManager(
-                settings.dir,
-                keep_last=settings.keep_last,
-                best_metric=settings.best_metric,
-                best_mode=settings.best_mode,
-            )
-        path = self.checkpoints.save(
-            step,
-            distributed.unwrap(model),
-            self.tokenizer,
-            optimizer_state,
-            self.trainer.scheduler,
+        payload = CheckpointPayload(
+            step=step,
+            model=distributed.unwrap(model),
+            tokenizer=self.tokenizer,
+            optimizer_state=optimizer_state,  # gathered: every parameter's, by name
+            scheduler=self.trainer.scheduler,
             extra=extra,
             metrics=metrics,
             model_state=model_state,
             master_weights=masters,
         )
-        return str(path)
+        return str(self.checkpoints.save(payload))
 
     def shutdown(self) -> None:
         """Leave the process group."""
         distributed.leave_group()
+
+    def _own_checkpoints(self, resume_from: str | None) -> None:
+        """Rank 0: become the checkpoint folder's one writer and recover it, once every rank
+        has read ``resume_from`` (recovery may move a checkpoint a crashed save left aside)."""
+        if resume_from is not None:
+            distributed.all_reduce_max(0)  # a barrier: every rank is done reading resume_from
+        if self.rank != 0:
+            return
+        from llmrl.train.checkpoint import CheckpointWriter
+
+        self.checkpoints = CheckpointWriter.from_config(self.config.checkpoint)
+        self.checkpoints.recover()
 
     def _load_training_state(self, path: str) -> None:
         from llmrl.train.checkpoint import read_training_state

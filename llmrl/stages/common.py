@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from llmrl.config.common import CheckpointConfig, StageConfig
 from llmrl.core.config_loading import ConfigError
-from llmrl.train.checkpoint import CheckpointManager, TrainState
+from llmrl.train.checkpoint import CheckpointWriter, TrainState, resume_latest
 
 logger = logging.getLogger(__name__)
 
@@ -45,20 +45,21 @@ def stage_tracker(
     stage: str,
     config: StageConfig,
     run_id: str | None = None,
-    checkpoints: CheckpointManager | None = None,
+    checkpoint_dir: str | Path | None = None,
 ) -> Iterator[Any]:
     """An MLflow :class:`~llmrl.tracking.Tracker` for ``stage``, started with the whole
     resolved config as params; FAILED on exception, FINISHED otherwise.
 
-    ``run_id`` continues an existing run (resume from a checkpoint). With ``checkpoints`` (and
-    ``checkpoint.resume: auto``) and no ``run_id``, the run recorded in the checkpoint directory
-    by an earlier process of the stage is continued; the run's id is then recorded there
-    (:data:`RUN_ID_FILE`) before anything is logged.
+    ``run_id`` continues an existing run (resume from a checkpoint). With ``checkpoint_dir``
+    (and ``checkpoint.resume: auto``) and no ``run_id``, the run recorded in that directory by
+    an earlier process of the stage is continued; the run's id is then recorded there
+    (:data:`RUN_ID_FILE`, the stage's own file beside the checkpoints) before anything is
+    logged.
     """
     from llmrl.tracking import Tracker
 
     settings = config.tracking
-    record = checkpoints.directory / RUN_ID_FILE if checkpoints is not None else None
+    record = Path(checkpoint_dir) / RUN_ID_FILE if checkpoint_dir is not None else None
     resume = getattr(getattr(config, "checkpoint", None), "resume", "never")
     if run_id is None and record is not None and resume == "auto":
         run_id = recorded_run_id(record)
@@ -121,10 +122,12 @@ def recorded_run_id(path: Path) -> str | None:
 
 
 def record_run_id(path: Path, run_id: str) -> None:
-    """Write ``{"run_id": ...}`` to ``path`` atomically (unchanged content is not rewritten)."""
+    """Write ``{"run_id": ...}`` to ``path`` atomically (unchanged content is not rewritten),
+    creating its directory when missing."""
     if recorded_run_id(path) == run_id:
         return
-    temporary = path.with_name(f".{path.name}.tmp")  # one writer per checkpoint directory
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")  # one stage process writes this file
     temporary.write_text(json.dumps({"run_id": run_id}), encoding="utf-8")
     os.replace(temporary, path)
 
@@ -134,17 +137,15 @@ def open_checkpoints(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> tuple[CheckpointManager, TrainState | None]:
-    """The stage's checkpoint manager, and the state it resumed from (``resume: auto`` and a
-    complete checkpoint present), or None for a fresh start."""
-    checkpoints = CheckpointManager(
-        settings.dir,
-        keep_last=settings.keep_last,
-        best_metric=settings.best_metric,
-        best_mode=settings.best_mode,
-    )
-    state = checkpoints.resume(model, optimizer, scheduler) if settings.resume == "auto" else None
-    return checkpoints, state
+) -> tuple[CheckpointWriter, TrainState | None]:
+    """A one-process stage's checkpoint writer (recovered: the folder exists and what a crashed
+    save left there is undone), and the state it resumed from (``resume: auto`` and a complete
+    checkpoint present), or None for a fresh start."""
+    writer = CheckpointWriter.from_config(settings)
+    writer.recover()
+    auto = settings.resume == "auto"
+    state = resume_latest(settings.dir, model, optimizer, scheduler) if auto else None
+    return writer, state
 
 
 def step_bar(stage: str, start: int, steps: int, enabled: bool) -> tqdm:

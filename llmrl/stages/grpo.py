@@ -37,7 +37,7 @@ from llmrl.stages.common import (
     step_bar,
 )
 from llmrl.train.audit import AuditError
-from llmrl.train.checkpoint import CheckpointManager
+from llmrl.train.checkpoint import latest_checkpoint, read_train_state
 
 logger = logging.getLogger(__name__)
 
@@ -58,19 +58,13 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     """Run the GRPO stage described by ``config``."""
     started = time.perf_counter()
     seed_everything(config.seed)
-    settings = config.checkpoint
+    folder = config.checkpoint.dir  # as configured: rank 0 writes it, this process only reads
     config = with_absolute_paths(config)  # actors may not share this process's directory
     topology = resolve_topology(config)
-    checkpoints = CheckpointManager(
-        settings.dir,
-        keep_last=settings.keep_last,
-        best_metric=settings.best_metric,
-        best_mode=settings.best_mode,
-    )
-    latest = checkpoints.latest() if settings.resume == "auto" else None
+    latest = latest_checkpoint(folder) if config.checkpoint.resume == "auto" else None
     state = None
     if latest is not None:
-        state = checkpoints.load(latest, restore_rng=False)
+        state = read_train_state(latest)
         logger.info("resuming GRPO from step %d (%s)", state.step, latest)
     else:
         logger.info("starting from scratch")
@@ -92,7 +86,7 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                 "grpo",
                 config,
                 run_id=state.extra.get("mlflow_run_id") if state else None,
-                checkpoints=checkpoints,
+                checkpoint_dir=folder,
             ) as tracker:
                 tracker.log_params(
                     {
@@ -128,10 +122,10 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
                         )
                         tracker.log_checkpoint(Path(path), done)
                 tracker.log_reward_curve({"reward_mean": reward_history})
-                register_final_model(tracker, "grpo", config, checkpoints.latest())
+                register_final_model(tracker, "grpo", config, latest_checkpoint(folder))
         finally:
             runtime.shutdown()
-    final = checkpoints.latest()
+    final = latest_checkpoint(folder)
     return GRPOResult(
         step=config.steps,
         final_checkpoint=str(Path(final) / "model") if final else "",

@@ -44,6 +44,7 @@ from llmrl.stages.common import (
     stage_tracker,
     step_bar,
 )
+from llmrl.train.checkpoint import CheckpointPayload, latest_checkpoint
 from llmrl.train.frozen_reference import FrozenReference
 from llmrl.train.optim import build_optimizer
 from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
@@ -186,15 +187,16 @@ def run_sft(config: SFTConfig) -> SFTResult:
     optimizer, scheduler = build_optimizer(model, config.optimizer, config.steps)
     batches = ChatBatches(train, config.batch_size, config.seed)
     checkpoints, state = open_checkpoints(config.checkpoint, model, optimizer, scheduler)
+    folder = config.checkpoint.dir
     start = state.step if state else 0
     if state:
         batches.load_state_dict(state.extra["batches"])
-        logger.info("resuming SFT from step %d (%s)", start, checkpoints.latest())
+        logger.info("resuming SFT from step %d (%s)", start, latest_checkpoint(folder))
     run_id = state.extra.get("mlflow_run_id") if state else None
 
     skipped = state.extra.get("skipped_steps", 0) if state else 0
     train_loss, eval_loss = math.nan, None
-    with stage_tracker("sft", config, run_id=run_id, checkpoints=checkpoints) as tracker:
+    with stage_tracker("sft", config, run_id=run_id, checkpoint_dir=folder) as tracker:
         tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
         log_prepared_data(tracker, config.data.path, manifest)  # eval rows: eval loss
         bar = step_bar("sft", start, config.steps, config.progress)
@@ -243,12 +245,12 @@ def run_sft(config: SFTConfig) -> SFTResult:
             )
             if done % config.checkpoint.every == 0 or done == config.steps:
                 model_state, masters = precision.checkpoint_weights(model)
-                path = checkpoints.save(
-                    done,
-                    model,
-                    tokenizer,
-                    optimizer,
-                    scheduler,
+                payload = CheckpointPayload(
+                    step=done,
+                    model=model,
+                    tokenizer=tokenizer,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
                     extra={
                         "batches": batches.state_dict(),
                         "skipped_steps": skipped,
@@ -258,8 +260,8 @@ def run_sft(config: SFTConfig) -> SFTResult:
                     model_state=model_state,
                     master_weights=masters,
                 )
-                tracker.log_checkpoint(path, done)
-        final = checkpoints.latest()
+                tracker.log_checkpoint(checkpoints.save(payload), done)
+        final = latest_checkpoint(folder)
         register_final_model(tracker, "sft", config, final)
     return SFTResult(
         step=config.steps,

@@ -114,8 +114,8 @@ class TrainingPrecision:
     def checkpoint_weights(
         self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
     ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
-        """What :meth:`~llmrl.train.checkpoint.CheckpointManager.save` writes for ``model``
-        (whose full weights are ``state`` when given, e.g. gathered from FSDP shards):
+        """What a checkpoint (:class:`~llmrl.train.checkpoint.CheckpointPayload`) holds for
+        ``model`` (whose full weights are ``state`` when given, e.g. gathered from FSDP shards):
         ``(model_state, master_weights)``, the weights of ``model/`` (None: the model's own)
         and the masters to keep beside them (None: ``model/`` holds them exactly). A LoRA
         model saves its merged weights and float32 adapters itself: ``(None, None)``."""

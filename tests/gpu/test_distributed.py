@@ -100,24 +100,31 @@ def test_wrapped_model_trains_a_step_like_a_single_process(
 def test_checkpoint_round_trip_restores_the_masters_exactly(tokenizer, tmp_path):
     from safetensors.torch import load_file
 
-    from llmrl.train.checkpoint import CheckpointManager
+    from llmrl.train.checkpoint import CheckpointPayload, CheckpointWriter, load_checkpoint
 
     model = _trainable(tokenizer)
     _step(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model_state, masters = TrainingPrecision.of(MIXED).checkpoint_weights(model)
     assert masters is not None
-    manager = CheckpointManager(tmp_path / "checkpoints")
-    path = manager.save(
-        1, model, tokenizer, optimizer, model_state=model_state, master_weights=masters
+    writer = CheckpointWriter(tmp_path / "checkpoints")
+    writer.recover()
+    payload = CheckpointPayload(
+        step=1,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        model_state=model_state,
+        master_weights=masters,
     )
+    path = writer.save(payload)
     saved = {}
     for file in (path / "model").glob("*.safetensors"):
         saved.update(load_file(file))
     assert {t.dtype for t in saved.values() if t.is_floating_point()} == {torch.bfloat16}
 
     fresh = make_trainable(tiny_model(tokenizer, seed=9), MIXED, LoraSettings()).cuda()
-    manager.load(path, model=fresh, restore_rng=False)
+    load_checkpoint(path, model=fresh, restore_rng=False)
     restored = dict(fresh.named_parameters())
     for name, parameter in model.named_parameters():
         assert restored[name].dtype == torch.float32 and restored[name].is_cuda

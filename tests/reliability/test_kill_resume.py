@@ -27,7 +27,7 @@ from mlflow import MlflowClient
 
 from llmrl.core.faults import FAULT_ENV, KILL_MESSAGE, PHASES
 from llmrl.stages.common import RUN_ID_FILE, recorded_run_id
-from llmrl.train.checkpoint import CheckpointManager
+from llmrl.train.checkpoint import list_checkpoints, load_checkpoint
 from tests.tracking.conftest import mlflow_server  # noqa: F401 (a real server, reused)
 from tests.train.conftest import (  # noqa: F401 (session fixtures: the model, the data)
     arithmetic_data,
@@ -173,9 +173,7 @@ def run_trial(seed: int, root: Path, data: Path, model: Path, uri: str) -> Trial
         root,
         killed_code=code,
         killed_log=(root / "attempt-1.log").read_text(),
-        complete_after_kill=[int(p.name[5:]) for p in CheckpointManager(checkpoints).list()]
-        if checkpoints.is_dir()
-        else [],
+        complete_after_kill=[int(p.name[5:]) for p in list_checkpoints(checkpoints)],
         entries_after_kill=_entries(checkpoints) if checkpoints.is_dir() else set(),
         run_after_kill=recorded_run_id(checkpoints / RUN_ID_FILE),
     )
@@ -253,7 +251,7 @@ def test_killed_grpo_resumes_to_the_exact_end(
     assert state["step"] == STEPS
     assert [step for step, _ in state["extra"]["reward_history"]] == list(range(1, STEPS + 1))
     assert state["extra"]["collector"]["policy_version"] == STEPS
-    loaded = CheckpointManager(checkpoints).load(final, model=tiny_model(tokenizer))
+    loaded = load_checkpoint(final, model=tiny_model(tokenizer))
     assert loaded.step == STEPS
 
     # One MLflow run for the trial, finished, each step once.

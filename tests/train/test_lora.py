@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmrl.models import load_model, tiny_model
-from llmrl.train.checkpoint import CheckpointManager
+from llmrl.train.checkpoint import CheckpointPayload, CheckpointWriter
 from llmrl.train.lora import inference_state_dict, merged_state_dict
 
 
@@ -111,7 +111,9 @@ def test_a_lora_checkpoint_is_a_plain_model_saved_without_copying_the_live_one(
         return deepcopy(value, *args, **kwargs)
 
     monkeypatch.setattr(copy, "deepcopy", spy)
-    path = CheckpointManager(tmp_path).save(1, model, tokenizer)
+    writer = CheckpointWriter(tmp_path)
+    writer.recover()
+    path = writer.save(CheckpointPayload(step=1, model=model, tokenizer=tokenizer))
     assert copied == []
     after = model.state_dict()
     assert all(torch.equal(after[name], before[name]) for name in before)

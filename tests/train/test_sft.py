@@ -120,7 +120,7 @@ def test_sft_in_bfloat16_trains_float32_masters_and_saves_bfloat16(
     arithmetic_data, tiny_model_dir, mlflow_uri
 ):
     from llmrl.models import tiny_model
-    from llmrl.train.checkpoint import CheckpointManager, read_training_state
+    from llmrl.train.checkpoint import load_checkpoint, read_training_state
 
     config = _two_steps(
         arithmetic_data,
@@ -148,7 +148,7 @@ def test_sft_in_bfloat16_trains_float32_masters_and_saves_bfloat16(
     assert moved.float().mean() > 0.99
     # a resume loads the masters, not the rounded weights of model/
     fresh = tiny_model(seed=5)
-    CheckpointManager(checkpoint.parent).load(checkpoint, model=fresh)
+    load_checkpoint(checkpoint, model=fresh)
     for name, tensor in fresh.state_dict().items():
         assert torch.equal(tensor, masters[name]), name
 
