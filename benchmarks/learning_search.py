@@ -1,12 +1,12 @@
 """One trial of the learning search (``docs/learning.md``): GRPO from an SFT model, in one process.
 
-The GRPO step is the stage's own (:class:`inprocess.InProcessGRPO` runs
-:func:`llmrl.runtime.grpo_step.grpo_step` over the stage's parts, without Ray). At step 0 and at
-every step of ``--eval-at`` the live model answers the prepared eval split greedily, as the
-evaluation stage does, and each mark's paired gain over step 0 (the SFT model) is printed with
-its 95% interval, per kind too. GRPO seconds exclude the evaluations. Each trial appends one JSON
-line to ``--out``. Two trials can share the 2 cores (``--threads 1`` each): a trial's accuracy
-at a given step does not depend on its speed, only its seconds do.
+The GRPO loop is the library's (:func:`llmrl.runtime.grpo_loop.train_grpo` over
+:class:`~llmrl.runtime.grpo_loop.InProcessGRPO`: the stage's parts and step, without Ray). At
+step 0 and at every step of ``--eval-at`` the live model answers the prepared eval split
+greedily, as the evaluation stage does, and each mark's paired gain over step 0 (the SFT model)
+is printed with its 95% interval, per kind too. GRPO seconds exclude the evaluations. Each
+trial appends one JSON line to ``--out``. Two trials can share the 2 cores (``--threads 1``
+each): a trial's accuracy at a given step does not depend on its speed, only its seconds do.
 
     python benchmarks/learning_search.py --sft runs/sft/checkpoint-30/model \
         --data data/prepared/arithmetic-21c3657f08aceb9d --steps 32 --eval-at 16,24,32 \
@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
-from inprocess import InProcessGRPO
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.core.config_loading import load_config
@@ -33,6 +31,7 @@ from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.eval.kinds import accuracy_by_kind, problem_kind
 from llmrl.eval.paired import paired_gain
 from llmrl.policies import TransformersWrapper
+from llmrl.runtime.grpo_loop import InProcessGRPO, train_grpo
 from llmrl.stages.evaluate import answer_all
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +51,38 @@ def greedy_outcomes(
     with torch.no_grad():
         answers = answer_all(env, policy, 1, False, "eval")
     return {pid: got[0][0] for pid, got in answers.items()}
+
+
+def mark_of(
+    name: str,
+    step: int,
+    seconds: float,
+    rewards: list[float],
+    start: dict[str, bool],
+    now: dict[str, bool],
+    kinds: dict[str, str],
+) -> dict:
+    """The trial's record at ``step`` (printed too): accuracy, paired gain over the start with
+    its 95% interval, per kind, the mean batch reward of the last 8 steps."""
+    gain = paired_gain(start, now, names=("sft", f"step {step}"))
+    by_kind = accuracy_by_kind((kinds[pid], right) for pid, right in now.items())
+    mark = {
+        "step": step,
+        "seconds": round(seconds, 1),
+        "accuracy": gain.accuracy_after,
+        "gain": gain.gain,
+        "ci": [gain.ci_low, gain.ci_high],
+        "by_kind": {k: round(v["accuracy"], 3) for k, v in by_kind.items()},
+        "reward_mean_last8": sum(rewards[-8:]) / len(rewards[-8:]),
+    }
+    print(
+        f"[{name}] step {step} ({seconds:.0f} s): accuracy "
+        f"{gain.accuracy_after:.3f}, gain {gain.gain:+.3f} [{gain.ci_low:+.3f}, "
+        f"{gain.ci_high:+.3f}], by kind {mark['by_kind']}, "
+        f"reward {mark['reward_mean_last8']:.3f}",
+        flush=True,
+    )
+    return mark
 
 
 def main() -> None:
@@ -91,10 +122,10 @@ def main() -> None:
         flush=True,
     )
     trained_seconds, rewards = 0.0, []
-    for step in range(1, args.steps + 1):
-        began = time.perf_counter()
-        _, metrics = grpo.step(step)
-        trained_seconds += time.perf_counter() - began
+
+    def after_step(step: int, metrics: dict[str, float]) -> None:
+        nonlocal trained_seconds
+        trained_seconds += metrics["step_seconds"]
         rewards.append(float(metrics.get("reward_mean", float("nan"))))
         print(
             f"[{args.name}] step {step}: reward {rewards[-1]:.3f}, sampling "
@@ -102,28 +133,12 @@ def main() -> None:
             f"{metrics.get('training_seconds', 0.0):.1f} s ({trained_seconds:.0f} s in all)",
             flush=True,
         )
-        if step not in marks:
-            continue
-        now = greedy_outcomes(grpo, task, problems, new_tokens)
-        gain = paired_gain(start, now, names=("sft", f"step {step}"))
-        by_kind = accuracy_by_kind((kinds[pid], right) for pid, right in now.items())
-        mark = {
-            "step": step,
-            "seconds": round(trained_seconds, 1),
-            "accuracy": gain.accuracy_after,
-            "gain": gain.gain,
-            "ci": [gain.ci_low, gain.ci_high],
-            "by_kind": {k: round(v["accuracy"], 3) for k, v in by_kind.items()},
-            "reward_mean_last8": sum(rewards[-8:]) / len(rewards[-8:]),
-        }
-        trial["marks"].append(mark)
-        print(
-            f"[{args.name}] step {step} ({trained_seconds:.0f} s): accuracy "
-            f"{gain.accuracy_after:.3f}, gain {gain.gain:+.3f} [{gain.ci_low:+.3f}, "
-            f"{gain.ci_high:+.3f}], by kind {mark['by_kind']}, "
-            f"reward {mark['reward_mean_last8']:.3f}",
-            flush=True,
-        )
+        if step in marks:
+            now = greedy_outcomes(grpo, task, problems, new_tokens)
+            mark = mark_of(args.name, step, trained_seconds, rewards, start, now, kinds)
+            trial["marks"].append(mark)
+
+    train_grpo(grpo, args.steps, after_step)
     with open(args.out, "a") as out:
         out.write(json.dumps(trial) + "\n")
 

@@ -43,11 +43,11 @@ class AsyncRollouts:
         max_staleness: how many versions a sample may lag behind the trainer's weights.
 
     Example:
-        >>> rollouts = AsyncRollouts(collector, max_staleness=1)
-        >>> for batch in rollouts:
-        ...     train_on(batch)
-        ...     rollouts.update_policy_weights_()
-        >>> rollouts.shutdown()
+        rollouts = AsyncRollouts(collector, max_staleness=1)
+        for batch in rollouts:
+            train_on(batch)
+            rollouts.update_policy_weights_()
+        rollouts.shutdown()
     """
 
     def __init__(self, collector: Any, max_staleness: int = 1) -> None:

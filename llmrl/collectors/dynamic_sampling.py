@@ -43,11 +43,11 @@ all equal (:class:`~llmrl.objectives.GroupAdvantage`). Groups are told apart by 
 of rows (multi-turn episodes: one row per turn).
 
 Example:
-    >>> sampler = DynamicSampler(MCAdvantage(4, drop_zero_std=True), groups=8,
-    ...                          max_resample_rounds=3)
-    >>> step = sampler.sample(lambda round_index: next(batches))
-    >>> step.trained.batch_size, step.metrics["sampling_rounds"]
-    (torch.Size([32]), 2.0)
+    sampler = DynamicSampler(MCAdvantage(4, drop_zero_std=True), groups=8,
+                             max_resample_rounds=3)
+    step = sampler.sample(lambda round_index: next(batches))
+    step.trained.batch_size, step.metrics["sampling_rounds"]
+    # -> (torch.Size([32]), 2.0)
 """
 
 from __future__ import annotations

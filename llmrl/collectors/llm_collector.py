@@ -30,11 +30,11 @@ follows it. Finished trajectories pass through the rollout transport's contract
 (:mod:`llmrl.transports.rollouts`, in process), which refuses a sample without its version.
 
 Example:
-    >>> env = ArithmeticEnv(batch_size=4, repeats=8)
-    >>> collector = LLMCollector(env, policy, dialog_turns_per_batch=64, total_dialog_turns=6400)
-    >>> for batch in collector:            # [>= 64] transitions of finished trajectories
-    ...     train_on(batch)
-    ...     collector.update_policy_weights_()
+    env = ArithmeticEnv(batch_size=4, repeats=8)
+    collector = LLMCollector(env, policy, dialog_turns_per_batch=64, total_dialog_turns=6400)
+    for batch in collector:            # [>= 64] transitions of finished trajectories
+        train_on(batch)
+        collector.update_policy_weights_()
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ class TrajectoryRunner:
     ``StopIteration`` (a dataset with a fixed number of epochs) sets :attr:`exhausted`.
 
     Example:
-        >>> runner = TrajectoryRunner(env, policy)
-        >>> result = runner.step()
-        >>> [len(trajectory) for trajectory in result.finished]
+        runner = TrajectoryRunner(env, policy)
+        result = runner.step()
+        [len(trajectory) for trajectory in result.finished]
     """
 
     def __init__(

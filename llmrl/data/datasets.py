@@ -31,8 +31,8 @@ with a :class:`DatasetError` that says how to save a local copy (see :func:`hub_
 instead of hanging on the network.
 
 Example:
-    >>> for row_number, row in read_rows("data/train.jsonl", columns=["question", "answer"]):
-    ...     print(row_number, row["question"])
+    for row_number, row in read_rows("data/train.jsonl", columns=["question", "answer"]):
+        print(row_number, row["question"])
 """
 
 from __future__ import annotations

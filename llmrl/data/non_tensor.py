@@ -12,6 +12,7 @@ def as_list(value: Any) -> list:
     wrappers), a tensorclass field gives a plain list-like; this always returns the raw values.
 
     Example:
+        >>> from tensordict import NonTensorStack, TensorDict
         >>> as_list(TensorDict({"q": NonTensorStack("a", "b")}, [2]).get("q"))
         ['a', 'b']
     """

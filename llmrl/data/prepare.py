@@ -14,8 +14,8 @@ appending or removing rows moves no other row), duplicated questions never strad
 and the eval share is ``eval_fraction`` on average, not exactly.
 
 Example:
-    >>> prepared = prepare_dataset(load_config(PrepareConfig, "configs/prepare.yaml"))
-    >>> train, eval_problems = load_prepared(prepared.path)
+    prepared = prepare_dataset(load_config(PrepareConfig, "configs/prepare.yaml"))
+    train, eval_problems = load_prepared(prepared.path)
 """
 
 from __future__ import annotations
@@ -97,9 +97,13 @@ class PreparedDataset:
     written.
 
     Example:
-        >>> prepared = prepare_dataset(PrepareConfig(generate={"train_size": 10}))
+        >>> import tempfile
+        >>> folder = tempfile.TemporaryDirectory()
+        >>> config = PrepareConfig(generate={"train_size": 10}, output_dir=folder.name)
+        >>> prepared = prepare_dataset(config, progress=False)
         >>> prepared.manifest["rows"]
         {'train': 10, 'eval': 200}
+        >>> folder.cleanup()
     """
 
     path: Path

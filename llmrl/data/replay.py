@@ -19,12 +19,12 @@ to :meth:`extend` before it is stored; it may return ``None`` to store nothing y
 advantage transform waiting until every sample of a group has arrived).
 
 Example:
-    >>> buffer = ReplayBuffer(batch_size=16, seed=0)
-    >>> buffer.extend(batch)                  # a [N] tensordict from a collector
-    >>> for minibatch in buffer:              # one epoch, in batches of 16
-    ...     loss = loss_fn(minibatch)
-    >>> buffer.sample(8)["reward"].shape
-    torch.Size([8])
+    buffer = ReplayBuffer(batch_size=16, seed=0)
+    buffer.extend(batch)                  # a [N] tensordict from a collector
+    for minibatch in buffer:              # one epoch, in batches of 16
+        loss = loss_fn(minibatch)
+    buffer.sample(8)["reward"].shape
+    # -> torch.Size([8])
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ When an episode ends:
   its end-of-turn (``truncated``).
 
 Example:
-    >>> env = ChatEnv(system_prompt="Answer with a number.", max_turns=1)
-    >>> state = env.reset(queries(["2+2?"], answer=["4"]))
-    >>> transition = env.step(policy(state))
-    >>> transition["reward"], transition["done"]
-    >>> state = transition["next"]           # for multi-turn episodes
+    env = ChatEnv(system_prompt="Answer with a number.", max_turns=1)
+    state = env.reset(queries(["2+2?"], answer=["4"]))
+    transition = env.step(policy(state))
+    transition["reward"], transition["done"]
+    state = transition["next"]           # for multi-turn episodes
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ class DatasetChatEnv(ChatEnv):
     groups, see :class:`DataLoadingPrimer`); the rest is :class:`ChatEnv`.
 
     Example:
-        >>> env = DatasetChatEnv(problems, batch_size=4, repeats=8, system_prompt="...")
-        >>> td = env.reset()            # 32 rows: 4 prompts x 8
-        >>> td = env.step(policy(td))
+        env = DatasetChatEnv(problems, batch_size=4, repeats=8, system_prompt="...")
+        td = env.reset()            # 32 rows: 4 prompts x 8
+        td = env.step(policy(td))
     """
 
     def __init__(

@@ -9,7 +9,7 @@ nothing) and raises :class:`~llmrl.models.errors.UnsafeModelError` naming what i
 :class:`~llmrl.config.common.ModelConfig` setting that allows it, if any.
 
 Example:
-    >>> check_model_folder(Path("my-model"), trust_remote_code=False, allow_pickled_weights=False)
+    check_model_folder(Path("my-model"), trust_remote_code=False, allow_pickled_weights=False)
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ def load_tokenizer(
 
     Example:
         >>> tok = load_tokenizer("smollm2-135m-instruct")
-        >>> tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        >>> text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        >>> text.endswith("<|im_start|>user\\nhi<|im_end|>\\n")
+        True
     """
     from transformers import AutoTokenizer
 

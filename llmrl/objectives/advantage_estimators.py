@@ -40,8 +40,8 @@ class RLOOAdvantage(GroupAdvantage):
         drop_zero_std, **kwargs: see :class:`~llmrl.objectives.advantages.GroupAdvantage`.
 
     Example:
-        >>> advantage = RLOOAdvantage(num_samples=4)
-        >>> batch = advantage(collector_batch)  # None until a group is complete
+        advantage = RLOOAdvantage(num_samples=4)
+        batch = advantage(collector_batch)  # None until a group is complete
     """
 
     def __init__(self, num_samples: int, drop_zero_std: bool = False, **kwargs: Any) -> None:
@@ -84,8 +84,8 @@ class ReinforcePlusPlusAdvantage(GroupAdvantage):
             ``drop_zero_std`` looks at the task rewards (before the KL).
 
     Example:
-        >>> advantage = ReinforcePlusPlusAdvantage(num_samples=1, kl_coeff=0.01)
-        >>> batch = advantage(scored_batch)  # scored_batch holds ref_log_probs
+        advantage = ReinforcePlusPlusAdvantage(num_samples=1, kl_coeff=0.01)
+        batch = advantage(scored_batch)  # scored_batch holds ref_log_probs
     """
 
     def __init__(

@@ -166,10 +166,10 @@ class MCAdvantage(GroupAdvantage):
         drop_zero_std, **kwargs: see :class:`GroupAdvantage`.
 
     Example:
-        >>> advantage = MCAdvantage(num_samples=4)
-        >>> batch = advantage(collector_batch)  # None until a group is complete
-        >>> batch["advantage"].shape
-        torch.Size([8])
+        advantage = MCAdvantage(num_samples=4)
+        batch = advantage(collector_batch)  # None until a group is complete
+        batch["advantage"].shape
+        # -> torch.Size([8])
     """
 
     def __init__(

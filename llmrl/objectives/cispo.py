@@ -33,7 +33,7 @@ def cispo_term(
     keep their gradient, with the bounded weight.
 
     Example:
-        >>> term = cispo_term(lp, old, adv.unsqueeze(1), mask, (1.0, 0.28))
+        term = cispo_term(lp, old, adv.unsqueeze(1), mask, (1.0, 0.28))
     """
     eps_low, eps_high = clip
     with torch.no_grad():
@@ -49,8 +49,8 @@ class CISPOLoss(GRPOLoss):
     GRPOLoss's.
 
     Example:
-        >>> loss = CISPOLoss(policy, clip_epsilon=(1.0, 0.28))
-        >>> loss(batch).loss.backward()
+        loss = CISPOLoss(policy, clip_epsilon=(1.0, 0.28))
+        loss(batch).loss.backward()
     """
 
     policy_gradient = staticmethod(cispo_term)

@@ -2,8 +2,8 @@
 maps ``loss.variant`` and ``advantage.estimator`` (:mod:`llmrl.config.grpo`) to classes.
 
 Example:
-    >>> loss = build_grpo_loss(actor, config)      # GRPOLoss, GSPOLoss or CISPOLoss
-    >>> advantage = build_advantage(config)        # MCAdvantage, RLOOAdvantage, ...
+    loss = build_grpo_loss(actor, config)      # GRPOLoss, GSPOLoss or CISPOLoss
+    advantage = build_advantage(config)        # MCAdvantage, RLOOAdvantage, ...
 """
 
 from __future__ import annotations

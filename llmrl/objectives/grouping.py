@@ -33,8 +33,8 @@ class Episodes:
     appear); ``last[k]``: the row that ended trajectory ``k`` (its ``done`` row).
 
     Example:
-        >>> episodes.index.tolist(), episodes.last.tolist()   # rows: a0 b0 a1 (a done at a1)
-        ([0, 1, 0], [2, 1])
+        episodes.index.tolist(), episodes.last.tolist()   # rows: a0 b0 a1 (a done at a1)
+        # -> ([0, 1, 0], [2, 1])
     """
 
     index: torch.Tensor
@@ -79,6 +79,7 @@ class GroupBuffer:
             when the batch has ``trajectory_key``.
 
     Example:
+        >>> from tensordict import TensorDict
         >>> buffer = GroupBuffer(num_samples=2)
         >>> buffer.add(TensorDict({"group_id": torch.tensor([0, 1, 0])}, [3]))[0]["group_id"]
         tensor([0, 0])
@@ -251,6 +252,7 @@ def group_slices(batch: TensorDictBase, group_key: str = "group_id") -> list[sli
     ``group_key`` ids. Groups of multi-turn episodes have different numbers of rows.
 
     Example:
+        >>> from tensordict import TensorDict
         >>> group_slices(TensorDict({"group_id": torch.tensor([4, 4, 4, 9, 9])}, [5]))
         [slice(0, 3, None), slice(3, 5, None)]
     """

@@ -65,9 +65,9 @@ class GRPOLossOutput(TensorClass["nocast"]):
     diagnostics. Scalars, or ``[N, L]`` per-token terms with ``aggregation="none"``.
 
     Example:
-        >>> out = loss(batch)
-        >>> out.loss.backward()  # == out.total(): the sum of the loss_* terms
-        >>> float(out.clip_fraction), float(out.kl_approx)
+        out = loss(batch)
+        out.loss.backward()  # == out.total(): the sum of the loss_* terms
+        float(out.clip_fraction), float(out.kl_approx)
     """
 
     loss_objective: torch.Tensor
@@ -159,8 +159,8 @@ def grpo_objective(
             default, ``gspo_term`` or ``cispo_term`` for the variants.
 
     Example:
-        >>> out = grpo_objective(lp, old_lp, torch.tensor([1.0, -1.0]), mask)
-        >>> out.loss_objective.backward()
+        out = grpo_objective(lp, old_lp, torch.tensor([1.0, -1.0]), mask)
+        out.loss_objective.backward()
     """
     eps_low, eps_high = _clip_bounds(clip_epsilon)
     check_aggregation(aggregation, max_length_norm)
@@ -298,9 +298,9 @@ class GRPOLoss(nn.Module):
         advantage_key, ref_log_probs_key, old_log_probs_key: where to read those entries.
 
     Example:
-        >>> loss = GRPOLoss(policy, clip_epsilon=(0.2, 0.28), kl_to_ref_coeff=0.01)
-        >>> out = loss(batch)  # batch: collector output with "advantage" set by MCAdvantage
-        >>> out.loss.backward()
+        loss = GRPOLoss(policy, clip_epsilon=(0.2, 0.28), kl_to_ref_coeff=0.01)
+        out = loss(batch)  # batch: collector output with "advantage" set by MCAdvantage
+        out.loss.backward()
     """
 
     @classmethod

@@ -43,7 +43,7 @@ def gspo_term(
     and ``s_i < 1 - eps_low``). A sequence without trained tokens has ``s_i = 1``.
 
     Example:
-        >>> term = gspo_term(lp, old, adv.unsqueeze(1), mask, (3e-4, 4e-4))
+        term = gspo_term(lp, old, adv.unsqueeze(1), mask, (3e-4, 4e-4))
     """
     eps_low, eps_high = clip
     with torch.no_grad():
@@ -65,8 +65,8 @@ class GSPOLoss(GRPOLoss):
     GRPOLoss's.
 
     Example:
-        >>> loss = GSPOLoss(policy, clip_epsilon=(3e-4, 4e-4), aggregation="prompt_mean")
-        >>> loss(batch).loss.backward()
+        loss = GSPOLoss(policy, clip_epsilon=(3e-4, 4e-4), aggregation="prompt_mean")
+        loss(batch).loss.backward()
     """
 
     policy_gradient = staticmethod(gspo_term)

@@ -21,8 +21,8 @@ their place in the aggregation's denominator (they contribute 0), so the loss sc
 jump when a few are dropped.
 
 Example:
-    >>> weights = MismatchCorrection("sequence", "mask", 2.0).weights(old, inference, mask)
-    >>> objective = objective * weights.weight
+    weights = MismatchCorrection("sequence", "mask", 2.0).weights(old, inference, mask)
+    objective = objective * weights.weight
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def clipped_token_term(
     ``r_t > 1 + eps_high``, or ``A < 0`` and ``r_t < 1 - eps_low``).
 
     Example:
-        >>> term = clipped_token_term(lp, old, adv.unsqueeze(1), mask, (0.2, 0.28))
+        term = clipped_token_term(lp, old, adv.unsqueeze(1), mask, (0.2, 0.28))
     """
     eps_low, eps_high = clip
     ratio = (log_probs - old_log_probs).exp()

@@ -46,8 +46,8 @@ class SFTLossOutput(TensorClass["nocast"]):
     ``[N]`` per-sequence values with ``reduction="none"``.
 
     Example:
-        >>> out = sft_loss(batch)
-        >>> out.loss.backward()  # == out.total() == loss_sft + loss_kl_to_ref
+        out = sft_loss(batch)
+        out.loss.backward()  # == out.total() == loss_sft + loss_kl_to_ref
     """
 
     loss_sft: torch.Tensor
@@ -105,8 +105,8 @@ def sft_objective(
     none). Positions outside ``mask`` are ignored and get exactly zero gradient.
 
     Example:
-        >>> out = sft_objective(log_probs, assistant_mask)
-        >>> out.loss_sft.backward()
+        out = sft_objective(log_probs, assistant_mask)
+        out.loss_sft.backward()
     """
     _check_options(loss_function, reduction, beta, kl_to_ref_coeff)
     mask = mask.bool()
@@ -174,9 +174,9 @@ class SFTLoss(nn.Module):
         ref_log_probs_key: where the reference :class:`LogProbs` are.
 
     Example:
-        >>> loss = SFTLoss(TransformersWrapper(model, tokenizer, input_mode="history"))
-        >>> batch = TensorDict({"history": ChatHistory(full=chats, batch_size=[2])}, [2])
-        >>> loss(batch).loss.backward()
+        loss = SFTLoss(TransformersWrapper(model, tokenizer, input_mode="history"))
+        batch = TensorDict({"history": ChatHistory(full=chats, batch_size=[2])}, [2])
+        loss(batch).loss.backward()
     """
 
     def __init__(

@@ -20,8 +20,8 @@ class TopKRewardSelector:
     in the order they completed. ``__call__`` returns ``None`` when nothing is kept.
 
     Example:
-        >>> select = TopKRewardSelector(num_samples=4, top_k=1)
-        >>> best = select(batch)  # rewards [0, 1, 0, 0.5] in one group -> the row with 1
+        select = TopKRewardSelector(num_samples=4, top_k=1)
+        best = select(batch)  # rewards [0, 1, 0, 0.5] in one group -> the row with 1
     """
 
     def __init__(

@@ -18,10 +18,10 @@ logits exist at once, in forward and in backward.
   ``.logits`` path.
 
 Example:
-    >>> targets = F.pad(input_ids[:, 1:], (0, 1))  # position t predicts token t + 1
-    >>> log_probs, entropy = forward_log_probs(
-    ...     model, targets, chunk_size=1024, with_entropy=True, input_ids=input_ids
-    ... )
+    targets = F.pad(input_ids[:, 1:], (0, 1))  # position t predicts token t + 1
+    log_probs, entropy = forward_log_probs(
+        model, targets, chunk_size=1024, with_entropy=True, input_ids=input_ids
+    )
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Each prompt is one request (its own ``seed``), sent ``max_parallel`` at a time: 
 batches concurrent requests itself.
 
 Example:
-    >>> engine = RemoteVLLMEngine("http://localhost:8000")   # `vllm serve MODEL --port 8000`
-    >>> policy = vLLMWrapper(engine, tokenizer, generate_kwargs={"max_new_tokens": 64})
+    engine = RemoteVLLMEngine("http://localhost:8000")   # `vllm serve MODEL --port 8000`
+    policy = vLLMWrapper(engine, tokenizer, generate_kwargs={"max_new_tokens": 64})
 """
 
 from __future__ import annotations

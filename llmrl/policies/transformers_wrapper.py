@@ -11,9 +11,9 @@ response's length comes from the first end-of-sequence it emitted (or the stop s
 completed); that token is kept with its log-prob, and only the positions after it are padding.
 
 Example:
-    >>> policy = TransformersWrapper(model, tokenizer, generate_kwargs={"max_new_tokens": 32})
-    >>> out = policy(TensorDict({"history": ChatHistory(prompt=history, batch_size=[2])}, [2]))
-    >>> out["log_probs"].as_list("response")[0].shape
+    policy = TransformersWrapper(model, tokenizer, generate_kwargs={"max_new_tokens": 32})
+    out = policy(TensorDict({"history": ChatHistory(prompt=history, batch_size=[2])}, [2]))
+    out["log_probs"].as_list("response")[0].shape
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ Log-probs are the model's raw ones (vLLM's default ``logprobs_mode="raw_logprobs
 temperature, top-k/top-p or penalties), the same quantity the transformers backend reports.
 
 Example:
-    >>> engine = VLLMEngine("smollm2-135m-instruct", gpu_memory_utilization=0.3)
-    >>> [[(tokens, log_probs, finished)]] = engine.generate(
-    ...     [[1, 9690, 198]], {"max_tokens": 8, "n": 1, "temperature": 1.0}, True
-    ... )
-    >>> engine.prompt_log_probs([[1, 9690, 198]])  # [[0.0, lp(9690 | 1), lp(198 | 1 9690)]]
+    engine = VLLMEngine("smollm2-135m-instruct", gpu_memory_utilization=0.3)
+    [[(tokens, log_probs, finished)]] = engine.generate(
+        [[1, 9690, 198]], {"max_tokens": 8, "n": 1, "temperature": 1.0}, True
+    )
+    engine.prompt_log_probs([[1, 9690, 198]])  # [[0.0, lp(9690 | 1), lp(198 | 1 9690)]]
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ class VLLMEngine:
         MissingExtraError: vLLM is not installed (``pip install 'llmrl[gpu]'``).
 
     Example:
-        >>> engine = VLLMEngine("smollm2-135m-instruct", dtype="float32")
-        >>> engine.load_weights(trainer_model.state_dict().items(), version=1)
-        >>> engine.weight_version()
-        '1'
+        engine = VLLMEngine("smollm2-135m-instruct", dtype="float32")
+        engine.load_weights(trainer_model.state_dict().items(), version=1)
+        engine.weight_version()
+        # -> '1'
     """
 
     def __init__(
@@ -312,8 +312,8 @@ def create_ray_engines(
         MissingExtraError: Ray is not installed.
 
     Example:
-        >>> engines = create_ray_engines("smollm2-135m-instruct", num_engines=2)
-        >>> policy = vLLMWrapper(engines, tokenizer)
+        engines = create_ray_engines("smollm2-135m-instruct", num_engines=2)
+        policy = vLLMWrapper(engines, tokenizer)
     """
     if num_engines < 1 or tensor_parallel_size < 1:
         raise ValueError(

@@ -21,12 +21,12 @@ The backend must be registered in every process that builds or serves an engine:
 :func:`register`; :class:`~llmrl.policies.vllm_engine.VLLMEngine` also calls it.
 
 Example:
-    >>> register()
-    >>> llm = vllm.LLM(model, weight_transfer_config={"backend": BACKEND})
-    >>> path = write_weights(model.state_dict().items(), folder="/dev/shm")
-    >>> llm.start_weight_update()
-    >>> llm.update_weights({"update_info": {"path": str(path), "sha256": sha256_file(path)}})
-    >>> llm.finish_weight_update(weight_version="3")
+    register()
+    llm = vllm.LLM(model, weight_transfer_config={"backend": BACKEND})
+    path = write_weights(model.state_dict().items(), folder="/dev/shm")
+    llm.start_weight_update()
+    llm.update_weights({"update_info": {"path": str(path), "sha256": sha256_file(path)}})
+    llm.finish_weight_update(weight_version="3")
 """
 
 from __future__ import annotations

@@ -35,13 +35,13 @@ class WeightSyncWorkerExtension:
     ``LLM.collective_rpc``; each worker of the engine runs them on its own shard.
 
     Example (NCCL, one engine with 1 worker, a trainer as rank 0 of a group of 2):
-        >>> engine.init_weight_update_group(address, port, rank_offset=1, world_size=2)
-        >>> # trainer: comm = PyNcclCommunicator(StatelessProcessGroup.create(..., rank=0), dev)
-        >>> for name, p in model.named_parameters():
-        ...     handle = engine_actor.update_weight_from_broadcast.remote(
-        ...         name, str(p.dtype).removeprefix("torch."), list(p.shape))
-        ...     comm.broadcast(p, src=0, stream=torch.cuda.current_stream())
-        ...     ray.get(handle)
+        engine.init_weight_update_group(address, port, rank_offset=1, world_size=2)
+        # trainer: comm = PyNcclCommunicator(StatelessProcessGroup.create(..., rank=0), dev)
+        for name, p in model.named_parameters():
+            handle = engine_actor.update_weight_from_broadcast.remote(
+                name, str(p.dtype).removeprefix("torch."), list(p.shape))
+            comm.broadcast(p, src=0, stream=torch.cuda.current_stream())
+            ray.get(handle)
     """
 
     # Set by vLLM's worker, listed here for readers and type checkers.

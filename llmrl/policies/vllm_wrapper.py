@@ -14,10 +14,10 @@ loss with :class:`~llmrl.policies.TransformersWrapper`. vLLM handles end-of-sequ
 sequences itself; a response is ``finished`` when vLLM's ``finish_reason`` is ``"stop"``.
 
 Example:
-    >>> policy = vLLMWrapper("smollm2-135m-instruct", tokenizer, num_samples=4,
-    ...                      generate_kwargs={"max_new_tokens": 64})
-    >>> out = policy(history_batch)  # [B, 4]
-    >>> policy.load_weights(trainer_model.state_dict().items())  # after an optimizer step
+    policy = vLLMWrapper("smollm2-135m-instruct", tokenizer, num_samples=4,
+                         generate_kwargs={"max_new_tokens": 64})
+    out = policy(history_batch)  # [B, 4]
+    policy.load_weights(trainer_model.state_dict().items())  # after an optimizer step
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ class vLLMWrapper(LLMWrapperBase):
         MissingExtraError: a model spec was given and vLLM is not installed.
 
     Example:
-        >>> engines = create_ray_engines("smollm2-135m-instruct", num_engines=2)
-        >>> policy = vLLMWrapper(engines, tokenizer, generate_kwargs={"max_new_tokens": 64})
-        >>> ref_policy = policy.get_new_version(generate=False)  # reference log-probs
+        engines = create_ray_engines("smollm2-135m-instruct", num_engines=2)
+        policy = vLLMWrapper(engines, tokenizer, generate_kwargs={"max_new_tokens": 64})
+        ref_policy = policy.get_new_version(generate=False)  # reference log-probs
     """
 
     def __init__(

@@ -28,8 +28,8 @@ class FrozenReference:
         out_key: where the log-probs go.
 
     Example:
-        >>> reference = FrozenReference(model, tokenizer, config.model.spec, "float32", "cpu")
-        >>> loss(reference(batch))  # batch gains ref_log_probs
+        reference = FrozenReference(model, tokenizer, config.model.spec, "float32", "cpu")
+        loss(reference(batch))  # batch gains ref_log_probs
     """
 
     def __init__(

@@ -98,9 +98,12 @@ class GRPOTrainer:
         tokenizer: the model's tokenizer.
         total_steps: optimizer steps of the whole run (for the learning-rate schedule).
 
-    Example:
-        >>> trainer = GRPOTrainer(config, model, tokenizer, total_steps=50)
-        >>> metrics = trainer.train(shard, step=1)  # shard: whole groups with "advantage"
+    Example (``config`` a :class:`~llmrl.config.grpo.GRPOConfig`; ``shard``: whole groups of
+    sampled rows with their ``advantage``, as :class:`~llmrl.runtime.grpo_loop.InProcessGRPO`
+    builds them)::
+
+        trainer = GRPOTrainer(config, model, tokenizer, total_steps=50)
+        metrics = trainer.train(shard, minibatches=1, step=1)  # one AdamW step over the shard
     """
 
     def __init__(

@@ -22,11 +22,11 @@ adapters in float32 (peft's ``autocast_adapter_dtype``).
 masters, at the cost above; the stage logs a warning saying so.
 
 Example:
-    >>> precision = TrainingPrecision.of(config.model)
-    >>> model = load_model(spec, dtype=precision.load_dtype(lora=False))   # float32 masters
-    >>> with precision.autocast(model):
-    ...     loss = loss_fn(batch)
-    >>> engine_weights = precision.export(model.state_dict())              # bfloat16
+    precision = TrainingPrecision.of(config.model)
+    model = load_model(spec, dtype=precision.load_dtype(lora=False))   # float32 masters
+    with precision.autocast(model):
+        loss = loss_fn(batch)
+    engine_weights = precision.export(model.state_dict())              # bfloat16
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ restored under every name. Dtypes numpy lacks (``bfloat16``) travel as a same-wi
 view and are viewed back on unpacking.
 
 Example:
-    >>> packed = PackedStateDict.pack(model.state_dict())
-    >>> ref = ray.put(packed)                          # in the trainer
-    >>> model.load_state_dict(ray.get(ref).unpack())   # in an inference actor
+    packed = PackedStateDict.pack(model.state_dict())
+    ref = ray.put(packed)                          # in the trainer
+    model.load_state_dict(ray.get(ref).unpack())   # in an inference actor
 """
 
 from __future__ import annotations

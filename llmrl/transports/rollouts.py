@@ -14,10 +14,10 @@ Two implementations:
   (:class:`~llmrl.collectors.RayLLMCollector`).
 
 Example:
-    >>> sender, receiver = in_process_rollouts()
-    >>> sender.send(RolloutBatch([trajectory], source=0))
-    >>> receiver.receive().versions()
-    [3, 3]
+    sender, receiver = in_process_rollouts()
+    sender.send(RolloutBatch([trajectory], source=0))
+    receiver.receive().versions()
+    # -> [3, 3]
 """
 
 from __future__ import annotations

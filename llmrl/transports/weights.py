@@ -16,10 +16,10 @@ built with) is pushed. Every push
   ``updater.history``.
 
 Example:
-    >>> updater = InProcessWeightUpdater(inference_policy, source=trainer_model)
-    >>> stats = updater.push()         # after an optimizer step
-    >>> stats.version, stats.checksum == stats.engine_checksums[0]
-    (1, True)
+    updater = InProcessWeightUpdater(inference_policy, source=trainer_model)
+    stats = updater.push()         # after an optimizer step
+    stats.version, stats.checksum == stats.engine_checksums[0]
+    # -> (1, True)
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ signal. In the in-process composition (the benchmarks') and on the Ray runtime."
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,6 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.data.non_tensor import as_list
 from tests.runtime.fixed_reward_task import FixedRewardTask
 from tests.train.conftest import REPO, stage_config
-
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 PROMPTS, G = 2, 2
 
@@ -68,7 +65,7 @@ def _check_step(
 def test_in_process_steps_train_on_exactly_prompts_per_step_groups_with_signal(
     arithmetic_data, tiny_model_dir, monkeypatch
 ):
-    import inprocess
+    from llmrl.runtime import grpo_loop as inprocess
 
     _, manifest = inprocess.prepared_task(arithmetic_data)
     monkeypatch.setattr(inprocess, "prepared_task", lambda path: (FixedRewardTask(), manifest))
@@ -93,7 +90,7 @@ def test_in_process_steps_train_on_exactly_prompts_per_step_groups_with_signal(
 def test_in_process_step_without_signal_stops_at_the_bound(
     arithmetic_data, tiny_model_dir, monkeypatch, caplog
 ):
-    import inprocess
+    from llmrl.runtime import grpo_loop as inprocess
 
     _, manifest = inprocess.prepared_task(arithmetic_data)
     never = FixedRewardTask(informative_every=0)

@@ -306,8 +306,6 @@ def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
     """The trainer ranks (``GRPOTrainer``) build ``loss.variant``'s class; the runtime, the
     in-process composition and the GPU benchmark build ``advantage.estimator``'s with
     ``build_advantage``."""
-    import sys
-
     from llmrl.models import load_model, load_tokenizer
     from llmrl.objectives import (
         CISPOLoss,
@@ -316,11 +314,8 @@ def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
         RLOOAdvantage,
         build_advantage,
     )
-    from llmrl.runtime import grpo_runtime
+    from llmrl.runtime import grpo_loop, grpo_runtime
     from llmrl.train.grpo_trainer import GRPOTrainer
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import inprocess
 
     model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
 
@@ -343,7 +338,7 @@ def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
     assert (loss.aggregation, loss.max_length_norm, loss.tis_cap) == ("token_mean", None, None)
     assert (advantage.scale, advantage.eps, advantage.drop_zero_std) == ("group", 1e-6, False)
     assert grpo_runtime.build_advantage is build_advantage
-    assert inprocess.build_advantage is build_advantage
+    assert grpo_loop.build_advantage is build_advantage
 
 
 def test_runtime_passes_the_dedicated_reference_to_reinforce_pp(monkeypatch):

@@ -24,10 +24,10 @@ class DataLoadingPrimer(EnvTransform):
     """Supplies reset batches from a dataset (see the module docstring).
 
     Example:
-        >>> primer = DataLoadingPrimer(problems, batch_size=8, repeats=4)
-        >>> env = ChatEnv(transforms=[primer])
-        >>> env.reset().batch_size
-        torch.Size([32])
+        primer = DataLoadingPrimer(problems, batch_size=8, repeats=4)
+        env = ChatEnv(transforms=[primer])
+        env.reset().batch_size
+        # -> torch.Size([32])
     """
 
     def __init__(

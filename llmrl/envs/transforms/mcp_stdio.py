@@ -15,8 +15,8 @@ and stops the server (``SIGKILL`` to its process group) the moment it sees
 request then fails as the read side closes, and :class:`StdioGuard.violation` says why.
 
 Example:
-    >>> guard = StdioGuard("calc", max_message_bytes=2**24, line_timeout_s=30)
-    >>> async with Client(guarded_stdio_client(params, sys.stderr, guard)) as client: ...
+    guard = StdioGuard("calc", max_message_bytes=2**24, line_timeout_s=30)
+    async with Client(guarded_stdio_client(params, sys.stderr, guard)) as client: ...
 """
 
 from __future__ import annotations

@@ -127,10 +127,10 @@ class MCPToolTransform(EnvTransform):
         stderr: where stdio servers write their stderr (default: this process's stderr).
 
     Example:
-        >>> tools = MCPToolTransform([MCPServerSpec("calc", sys.executable, ["calc.py"])])
-        >>> env = ChatEnv(max_turns=3, transforms=[tools])
-        >>> ...
-        >>> env.close()  # stops the servers
+        tools = MCPToolTransform([MCPServerSpec("calc", sys.executable, ["calc.py"])])
+        env = ChatEnv(max_turns=3, transforms=[tools])
+        ...
+        env.close()  # stops the servers
     """
 
     is_tool = True

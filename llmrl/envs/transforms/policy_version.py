@@ -20,10 +20,10 @@ class PolicyVersion(EnvTransform):
     the one place a run keeps it) and keeps none: setting or incrementing it then raises.
 
     Example:
-        >>> version = PolicyVersion()
-        >>> env.append_transform(version)
-        >>> version.increment()
-        1
+        version = PolicyVersion()
+        env.append_transform(version)
+        version.increment()
+        # -> 1
     """
 
     def __init__(self, version: int = 0, key: str = "policy_version") -> None:

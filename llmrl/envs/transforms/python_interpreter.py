@@ -28,7 +28,7 @@ class PythonInterpreter(EnvTransform):
     """A code-execution tool for chat envs (see the module docstring).
 
     Example:
-        >>> env = ChatEnv(max_turns=3, transforms=[PythonInterpreter(SandboxLimits(timeout_s=2))])
+        env = ChatEnv(max_turns=3, transforms=[PythonInterpreter(SandboxLimits(timeout_s=2))])
     """
 
     is_tool = True
