@@ -56,7 +56,9 @@ def main() -> None:
     from llmrl.collectors import InferenceActor
 
     ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False)
-    engine = TransformersEngine(args.model, "float32", "cpu", {}, batch_rows=1)
+    engine = TransformersEngine(
+        model=args.model, dtype="float32", device="cpu", generate_kwargs={}, batch_rows=1
+    )
     actors = [
         ray.remote(InferenceActor).options(num_cpus=0, max_concurrency=2).remote(engine)
         for _ in range(args.engines)

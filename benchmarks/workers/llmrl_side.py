@@ -224,7 +224,7 @@ def _grpo_runtime(options: dict[str, Any], info: dict[str, Any]):
     def run(seed: int) -> dict[str, Any]:
         started = time.perf_counter()
         with ray_session(None):
-            runtime = GRPORuntime(config, topology, runtime_env=actor_runtime_env())
+            runtime = GRPORuntime(config=config, topology=topology, runtime_env=actor_runtime_env())
             try:
                 startup = time.perf_counter() - started
                 all_metrics, walls = [], []

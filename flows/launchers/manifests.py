@@ -7,8 +7,9 @@
   :class:`~llmrl.topology.Topology`: ``inference`` (one pod per engine, ``nvidia.com/gpu`` = its
   GPUs) and ``trainer`` (one pod holding every rank: its GPUs, or its cores shared by CPU
   ranks), or one ``colocated`` group; ``reference`` when dedicated; ``env-workers`` on CPU.
-  The worker groups advertise to Ray what ``llmrl.topology.placement.plan_groups`` reserves,
-  and each GPU is requested once. ``sft`` gets the trainer group only.
+  The worker groups are the pod groups of ``llmrl.topology.placement.plan_groups``' role
+  specs, so they offer Ray what it reserves, each GPU requested once. ``sft`` gets the trainer
+  group only.
 
 Where the entrypoint (the stage's driver) runs, pinned by the custom Ray resource
 ``llmrl_driver`` (:data:`DRIVER_RESOURCE`) so it never takes cores a role's bundles need:
@@ -21,21 +22,20 @@ Where the entrypoint (the stage's driver) runs, pinned by the custom Ray resourc
   group, which offers ``llmrl_driver``, and reserves the trainer's GPUs; the head offers Ray no
   CPU (``num-cpus: "0"``).
 
-Every object carries the labels of :func:`run_labels` (with ``llmrl.io/flow-run``), the Kueue
-queue label when one is set, and an ownerReference to the flow-run pod when the settings know
-it; pods add ``llmrl.io/role`` (``job``, ``driver`` for the RayJob's submitter, ``head``, or
-the worker group's name) and the settings' labels, annotations, env and envFrom for that role
-(:class:`~flows.launchers.settings.KubernetesSettings`). Every pod meets
-the "restricted" Pod Security Standard (``POD_SECURITY_CONTEXT`` and
-``CONTAINER_SECURITY_CONTEXT`` of :mod:`flows.launchers.settings`).
+Every object carries the labels of :func:`~flows.launchers.k8s_metadata.run_labels` (with
+``llmrl.io/flow-run``), the Kueue queue label when one is set, and an ownerReference to the
+flow-run pod when the settings know it; pods add ``llmrl.io/role`` (``job``, ``driver`` for
+the RayJob's submitter, ``head``, or the worker group's name) and the settings' labels,
+annotations, env and envFrom for that role
+(:class:`~flows.launchers.settings.KubernetesSettings`). Every pod meets the "restricted" Pod
+Security Standard (``POD_SECURITY_CONTEXT`` and ``CONTAINER_SECURITY_CONTEXT`` of
+:mod:`flows.launchers.settings`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import re
-import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,9 +43,21 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from flows.launchers.base import stage_arguments
+
+# Names and labels of a stage run's objects; re-exported for the launcher's other modules.
+from flows.launchers.k8s_metadata import (  # noqa: F401
+    LABEL_FLOW_RUN,
+    LABEL_ROLE,
+    LABEL_RUN,
+    LABEL_STAGE,
+    object_metadata,
+    owner_reference,
+    pod_metadata,
+    resource_name,
+    run_labels,
+)
 from flows.launchers.settings import (
     CONTAINER_SECURITY_CONTEXT,
-    KUEUE_QUEUE_LABEL,
     KubernetesSettings,
     PodResources,
 )
@@ -53,9 +65,11 @@ from flows.launchers.settings import (
 # Which stages run on Ray, train in their driver, or place roles from a topology: the stage
 # table's (RAY_STAGES is re-exported for the manifests' users).
 from flows.stages import RAY_STAGES, TOPOLOGY_STAGES, TRAINING_DRIVERS  # noqa: F401
+from llmrl.topology.placement import plan_groups
 
 if TYPE_CHECKING:
     from llmrl.topology import SchedulingSpec, Topology
+    from llmrl.topology.roles import PodGroup
 
 # The KubeRay release llmrl pins (the operator the docs install); RayJobs are built for it.
 KUBERAY_VERSION = "1.7.0"
@@ -66,62 +80,8 @@ DRIVER_RESOURCE = "llmrl_driver"
 """Custom Ray resource of the one node that hosts a RayJob's entrypoint (the driver)."""
 DRIVER_CPUS = 1
 """Ray CPUs the driver reserves (``entrypointNumCpus``); a ``grpo`` head offers exactly these."""
-LABEL_RUN, LABEL_STAGE, LABEL_ROLE = "llmrl.io/run", "llmrl.io/stage", "llmrl.io/role"
-LABEL_FLOW_RUN = "llmrl.io/flow-run"
 
 # ------------------------------------------------------------------------ manifests (pure)
-
-
-def resource_name(name: str) -> str:
-    """A fresh DNS-1123 name for one stage run: ``llmrl-<name>-<6 hex>`` (at most 37 chars)."""
-    base = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:24].strip("-") or "stage"
-    return f"llmrl-{base}-{secrets.token_hex(3)}"
-
-
-def run_labels(name: str, stage: str, flow_run_id: str | None = None) -> dict[str, str]:
-    """Labels of every object of one stage run; pods add ``llmrl.io/role``.
-
-    ``llmrl.io/flow-run`` (:data:`LABEL_FLOW_RUN`) names the Prefect flow run that launched it,
-    so the flow's cancellation hook can find everything it started.
-    """
-    labels = {
-        "app.kubernetes.io/name": "llmrl",
-        "app.kubernetes.io/component": stage,
-        "app.kubernetes.io/managed-by": "llmrl-flows",
-        LABEL_RUN: name,
-        LABEL_STAGE: stage,
-    }
-    if flow_run_id:
-        labels[LABEL_FLOW_RUN] = flow_run_id
-    return labels
-
-
-def object_metadata(
-    name: str, stage: str, settings: KubernetesSettings, flow_run_id: str | None
-) -> dict[str, Any]:
-    """``metadata`` of a stage's Job or RayJob: labels, the Kueue queue, the owner Job."""
-    labels = run_labels(name, stage, flow_run_id)
-    if settings.kueue_queue:
-        labels[KUEUE_QUEUE_LABEL] = settings.kueue_queue
-    metadata: dict[str, Any] = {"name": name, "namespace": settings.namespace, "labels": labels}
-    if settings.owner_pod is not None:
-        metadata["ownerReferences"] = [owner_reference(settings)]
-    return metadata
-
-
-def owner_reference(settings: KubernetesSettings) -> dict[str, Any]:
-    """The ownerReference to the flow-run pod. ``blockOwnerDeletion`` stays false: setting it
-    would need ``update`` on ``pods/finalizers``, and deleting the flow run must not wait."""
-    owner = settings.owner_pod
-    assert owner is not None
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "name": owner.name,
-        "uid": owner.uid,
-        "controller": False,
-        "blockOwnerDeletion": False,
-    }
 
 
 def build_config_map(
@@ -186,7 +146,7 @@ def build_job_manifest(
     spec: dict[str, Any] = {
         "backoffLimit": 0,
         "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-        "template": {"metadata": _pod_metadata(settings, labels, "job"), "spec": pod},
+        "template": {"metadata": pod_metadata(settings, labels, "job"), "spec": pod},
     }
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
@@ -248,7 +208,7 @@ def build_rayjob_manifest(
     submitter_spec = _pod_spec(settings, "driver", [submitter_container], all_env, None, None,
                                shm_gb=None, mount_shared=False)  # fmt: skip
     submitter_spec["restartPolicy"] = "Never"
-    submitter = {"metadata": _pod_metadata(settings, labels, "driver"), "spec": submitter_spec}
+    submitter = {"metadata": pod_metadata(settings, labels, "driver"), "spec": submitter_spec}
     if stage in TOPOLOGY_STAGES:  # the stage places exactly the roles this cluster provides
         overrides = [*overrides, topology_override(topology)]
     spec: dict[str, Any] = {
@@ -296,40 +256,13 @@ def _template_gpus(template: Mapping[str, Any]) -> int:
     )
 
 
-def _ray_groups(stage: str, topology: Topology) -> list[tuple[str, int, PodResources, Any, bool]]:
-    """(group name, replicas, pod resources, scheduling, hosts the driver) per worker group.
-
-    The trainer group is one pod for every rank (``trainer.world_size``): a GPU each, or CPU
-    ranks sharing ``trainer.cpus``, as the trainer's placement group asks.
-    """
-    inference, trainer = topology.inference, topology.trainer
-    groups: list[tuple[str, int, PodResources, Any, bool]] = []
-    if topology.colocated and stage == "grpo":
-        cpus = trainer.cpus + inference.engines * inference.cpus_per_engine
-        memory = trainer.memory_gb + inference.engines * inference.memory_gb
-        resources = PodResources(cpus=cpus, memory_gb=memory, gpus=trainer.gpus)
-        groups.append(("colocated", 1, resources, trainer.scheduling, False))
-    else:
-        if stage == "grpo":
-            engine = PodResources(
-                cpus=inference.cpus_per_engine,
-                memory_gb=inference.memory_gb,
-                gpus=inference.engine_gpus,
-            )
-            groups.append(("inference", inference.engines, engine, inference.scheduling, False))
-        resources = PodResources(cpus=trainer.cpus, memory_gb=trainer.memory_gb, gpus=trainer.gpus)
-        groups.append(("trainer", 1, resources, trainer.scheduling, stage in TRAINING_DRIVERS))
-    reference = topology.reference
-    if stage == "grpo" and reference.placement == "dedicated":
-        resources = PodResources(
-            cpus=reference.cpus, memory_gb=reference.memory_gb, gpus=reference.gpus
-        )
-        groups.append(("reference", 1, resources, reference.scheduling, False))
-    workers = topology.env_workers
-    if stage == "grpo" and workers.count:
-        resources = PodResources(cpus=workers.cpus_each, memory_gb=workers.memory_gb)
-        groups.append(("env-workers", workers.count, resources, workers.scheduling, False))
-    return groups
+def _ray_groups(stage: str, topology: Topology) -> list[tuple[PodGroup, bool]]:
+    """The worker groups of a stage's Ray cluster, from ``plan_groups``' role specs (what its
+    placement groups reserve), and whether each hosts the driver: every pod group for a stage
+    of :data:`TOPOLOGY_STAGES`, else the trainer's alone."""
+    specs = plan_groups(topology).specs
+    pods = specs.pod_groups() if stage in TOPOLOGY_STAGES else (specs.trainer.pod,)
+    return [(pod, stage in TRAINING_DRIVERS and pod.name == "trainer") for pod in pods]
 
 
 def _worker_group(
@@ -337,21 +270,19 @@ def _worker_group(
     labels: dict[str, str],
     env: Mapping[str, str],
     config_map: str | None,
-    group: str,
-    replicas: int,
-    resources: PodResources,
-    scheduling: Any,
+    pods: PodGroup,
     driver: bool,
 ) -> dict[str, Any]:
-    container = _ray_container(settings, "ray-worker", resources)
+    container = _ray_container(settings, "ray-worker", pods)
     start = _driver_start_params() if driver else {}
+    template = _ray_pod(settings, labels, pods.name, container, env, config_map, pods.scheduling)
     return {
-        "groupName": group,
-        "replicas": replicas,
-        "minReplicas": replicas,
-        "maxReplicas": replicas,
+        "groupName": pods.name,
+        "replicas": pods.replicas,
+        "minReplicas": pods.replicas,
+        "maxReplicas": pods.replicas,
         "rayStartParams": start,
-        "template": _ray_pod(settings, labels, group, container, env, config_map, scheduling),
+        "template": template,
     }
 
 
@@ -362,7 +293,7 @@ def _driver_start_params() -> dict[str, str]:
 
 
 def _ray_container(
-    settings: KubernetesSettings, name: str, resources: PodResources
+    settings: KubernetesSettings, name: str, resources: PodResources | PodGroup
 ) -> dict[str, Any]:
     return {
         "name": name,
@@ -384,20 +315,7 @@ def _ray_pod(
     memory_gb = _memory_gb(container["resources"]["limits"]["memory"])
     spec = _pod_spec(settings, role, [container], env, config_map, scheduling,
                      shm_gb=memory_gb * settings.shm_fraction)  # fmt: skip
-    return {"metadata": _pod_metadata(settings, labels, role), "spec": spec}
-
-
-def _pod_metadata(settings: KubernetesSettings, labels: dict[str, str], role: str) -> dict:
-    """Pod template metadata: the settings' and the role's labels and annotations, then the
-    run's labels (which nothing may override: the launcher finds its pods by them)."""
-    extra = settings.role(role)
-    metadata: dict[str, Any] = {
-        "labels": {**settings.pod_labels, **extra.labels, **labels, LABEL_ROLE: role}
-    }
-    annotations = {**settings.pod_annotations, **extra.annotations}
-    if annotations:
-        metadata["annotations"] = annotations
-    return metadata
+    return {"metadata": pod_metadata(settings, labels, role), "spec": spec}
 
 
 def _pod_spec(

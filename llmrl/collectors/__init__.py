@@ -3,7 +3,8 @@
 Layer 3 (collectors, transports, per-rank training): imports layers 0-2.
 
 - :class:`LLMCollector`: one env and one policy in this process;
-- :class:`RayLLMCollector`: env workers and inference actors on Ray (the ``local`` extra);
+- :class:`RayLLMCollector`: env workers and inference actors on Ray (the ``local`` extra), as
+  many as its :class:`ActorLayout` says;
 - :class:`AsyncRollouts`: any collector in a background thread, at most ``max_staleness``
   policy versions ahead of the trainer.
 
@@ -24,8 +25,10 @@ from llmrl.collectors.llm_collector import (
 )
 from llmrl.collectors.ray_actors import EnvWorker, InferenceActor
 from llmrl.collectors.ray_collector import RayLLMCollector
+from llmrl.collectors.ray_layout import ActorLayout
 
 __all__ = [
+    "ActorLayout",
     "AsyncRollouts",
     "BatchAssembler",
     "CollectorBase",

@@ -55,6 +55,7 @@ class InferenceActor:
 
     def __init__(
         self,
+        *,
         policy_factory: Callable[[], Any],
         version_key: str | None = "policy_version",
         engine: int | None = None,
@@ -237,6 +238,7 @@ class EnvWorker:
 
     def __init__(
         self,
+        *,
         env_factory: Callable[[int], ChatEnv],
         worker_index: int,
         num_workers: int,

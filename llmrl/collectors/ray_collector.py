@@ -39,17 +39,24 @@ back at the start of its dataset. Each rebuild counts in ``stats["env_worker_res
 ``stats["inference_actor_restarts"]`` (``collector/...`` in :meth:`~CollectorBase.metrics`);
 one slot dying more than ``max_actor_restarts`` times raises
 :class:`~llmrl.collectors.actor_faults.ActorRestartsExhausted`, naming it.
-Resources are fractional CPUs by default, so an inference actor and two env workers fit a
-2-CPU machine; give ``inference_gpus=1`` on a GPU machine.
+How many actors of each kind run, and the Ray options of each, is one
+:class:`~llmrl.collectors.ray_layout.ActorLayout`: fractional CPUs by default, so an inference
+actor and two env workers fit a 2-CPU machine (``ActorLayout.uniform(inference_gpus=1)`` on a
+GPU machine).
 
-Example:
-    >>> collector = RayLLMCollector(
-    ...     partial(make_env, seed=0), make_policy, num_env_workers=2,
-    ...     dialog_turns_per_batch=64, total_dialog_turns=6400)
-    >>> for batch in collector:
-    ...     train_on(batch)
-    ...     collector.update_policy_weights_(trainer_model)
-    >>> collector.shutdown()
+Example (``make_env``, ``make_policy``, ``train_on`` and ``trainer_model`` are yours)::
+
+    collector = RayLLMCollector(
+        env_factory=partial(make_env, seed=0),
+        policy_factory=make_policy,
+        actors=ActorLayout.uniform(env_workers=2),
+        dialog_turns_per_batch=64,
+        total_dialog_turns=6400,
+    )
+    for batch in collector:
+        train_on(batch)
+        collector.update_policy_weights_(trainer_model)
+    collector.shutdown()
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from llmrl.collectors.actor_faults import (
 )
 from llmrl.collectors.llm_collector import CollectorBase
 from llmrl.collectors.ray_actors import EnvWorker, InferenceActor
+from llmrl.collectors.ray_layout import ActorLayout
 from llmrl.core.ray_helpers import import_ray
 from llmrl.transports.object_store import RayObjectStoreWeightUpdater
 from llmrl.transports.rollouts import ray_rollouts
@@ -80,132 +88,114 @@ logger = logging.getLogger(__name__)
 
 
 class RayLLMCollector(CollectorBase):
-    """Collects with ``num_env_workers`` env actors and inference actors (see module doc).
+    """Collects with env worker actors and inference actors (see the module docstring).
 
     Args:
         env_factory: picklable ``env_factory(worker_index) -> ChatEnv`` (give workers
             different seeds, or the same dataset order twice).
         policy_factory: picklable ``policy_factory() -> policy``, called in each inference
-            actor.
-        num_env_workers: env worker actors.
+            actor; or a list, one factory per inference actor.
         dialog_turns_per_batch, total_dialog_turns, replay_buffer, yield_completed_trajectories:
             as for :class:`~llmrl.collectors.LLMCollector`.
-        num_inference_actors: inference actors; worker ``i`` uses actor ``i % count``.
+        actors: how many env workers and inference actors, and the Ray options of each
+            (:class:`~llmrl.collectors.ray_layout.ActorLayout`; default
+            ``ActorLayout.uniform()``: two env workers and one inference actor, half a CPU
+            each).
         weight_updater: default a :class:`RayObjectStoreWeightUpdater` over the inference
             actors.
-        env_worker_cpus, inference_cpus, inference_gpus: Ray resources of each actor.
         runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
         max_actor_restarts: rebuilds allowed per actor after its process died (see the module
             docstring); 0 fails at the first death.
-        inference_actor_options, env_worker_options: Ray options of each actor by index
-            (resources, ``scheduling_strategy`` onto a placement group's bundle), instead of the
-            resource arguments above; a rebuilt actor gets its slot's options again.
-
-    ``policy_factory`` may also be a list, one factory per inference actor.
 
     Ray is started (``ray.init()``) if it is not running. Call :meth:`shutdown` at the end.
     """
 
     def __init__(
         self,
-        env_factory: Callable[[int], ChatEnv],
-        policy_factory: Callable[[], Any],
-        num_env_workers: int = 2,
         *,
+        env_factory: Callable[[int], ChatEnv],
+        policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]],
         dialog_turns_per_batch: int,
+        actors: ActorLayout | None = None,
         total_dialog_turns: int = -1,
-        num_inference_actors: int = 1,
         replay_buffer: ReplayBuffer | None = None,
         weight_updater: WeightUpdater | None = None,
         yield_completed_trajectories: bool = True,
-        env_worker_cpus: float = 0.5,
-        inference_cpus: float = 0.5,
-        inference_gpus: float = 0.0,
         runtime_env: dict[str, Any] | None = None,
         max_actor_restarts: int = 3,
-        inference_actor_options: Sequence[dict[str, Any]] | None = None,
-        env_worker_options: Sequence[dict[str, Any]] | None = None,
     ) -> None:
-        if num_env_workers < 1 or num_inference_actors < 1:
-            raise ValueError(
-                f"num_env_workers and num_inference_actors must be >= 1, got "
-                f"{num_env_workers} and {num_inference_actors}"
-            )
         super().__init__(
-            dialog_turns_per_batch,
-            total_dialog_turns,
-            replay_buffer,
-            weight_updater,
-            yield_completed_trajectories,
+            dialog_turns_per_batch=dialog_turns_per_batch,
+            total_dialog_turns=total_dialog_turns,
+            replay_buffer=replay_buffer,
+            weight_updater=weight_updater,
+            yield_completed_trajectories=yield_completed_trajectories,
         )
-        given_updater = weight_updater is not None
         ray = import_ray("RayLLMCollector")
         if not ray.is_initialized():
             ray.init()
+        layout = actors or ActorLayout.uniform()
         self._budget = RestartBudget(max_actor_restarts)
         self.stats.update(env_worker_restarts=0, inference_actor_restarts=0)
-        options: dict[str, Any] = {} if runtime_env is None else {"runtime_env": runtime_env}
-        per_actor = math.ceil(num_env_workers / num_inference_actors)
-        default_inference = {"num_cpus": inference_cpus, "num_gpus": inference_gpus}
-        inference_options = [
-            {
-                **(default_inference if inference_actor_options is None else {}),
-                **(inference_actor_options[i] if inference_actor_options is not None else {}),
-                "max_concurrency": per_actor + 1,  # its workers, and a weight load
-                **options,
-            }
-            for i in range(num_inference_actors)
-        ]
-        worker_options = [
-            {
-                **(
-                    {"num_cpus": env_worker_cpus}
-                    if env_worker_options is None
-                    else env_worker_options[i]
-                ),
-                **options,
-            }
-            for i in range(num_env_workers)
-        ]
+        extra: dict[str, Any] = {} if runtime_env is None else {"runtime_env": runtime_env}
+        # env workers -> driver: trajectories travel through the rollout transport
+        self._rollout_sender, self._rollout_receiver = ray_rollouts(actor_options=extra)
+        self._round = 0
+        self._define_actors(layout, extra, env_factory, policy_factory)
+        self._start_actors(len(layout.inference), len(layout.env_workers))
+        if weight_updater is None:
+            self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
+        workers = len(self.env_workers)
+        self._worker_done = [False] * workers
+        # each worker's state after its last successful collect: what a replacement starts from
+        self._worker_states: list[dict[str, Any] | None] = [None] * workers
+
+    def _define_actors(
+        self,
+        layout: ActorLayout,
+        extra: dict[str, Any],
+        env_factory: Callable[[int], ChatEnv],
+        policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]],
+    ) -> None:
+        """How to build inference actor ``i`` and env worker ``j`` (again, after a death)."""
+        count = len(layout.inference)
         factories = (
             list(policy_factory)
             if isinstance(policy_factory, (list, tuple))
-            else [policy_factory] * num_inference_actors
+            else [policy_factory] * count
         )
-        version_key = "policy_version"
-        # env workers -> driver: trajectories travel through the rollout transport
-        self._rollout_sender, self._rollout_receiver = ray_rollouts(actor_options=options)
-        self._round = 0
+        by_trajectory = self.yield_completed_trajectories
         self._new_inference_actor = lambda index: _start_actor(
-            InferenceActor, inference_options[index], factories[index], version_key, index
+            InferenceActor,
+            layout.inference_options(index, extra),
+            policy_factory=factories[index],
+            version_key="policy_version",
+            engine=index,
         )
         self._new_env_worker = lambda index, inference_actor: _start_actor(
             EnvWorker,
-            worker_options[index],
-            env_factory,
-            index,
-            num_env_workers,
-            inference_actor,
-            yield_completed_trajectories,
-            self._rollout_sender,
+            layout.env_worker_options(index, extra),
+            env_factory=env_factory,
+            worker_index=index,
+            num_workers=len(layout.env_workers),
+            inference_actor=inference_actor,
+            yield_completed_trajectories=by_trajectory,
+            rollout_sender=self._rollout_sender,
         )
-        self.inference_actors = [
-            self._new_inference_actor(index) for index in range(num_inference_actors)
-        ]
+
+    def _start_actors(self, inference_actors: int, env_workers: int) -> None:
+        """Start every actor and wait until each is built (a factory's error surfaces here,
+        and leaves no actor behind)."""
+        ray = import_ray("RayLLMCollector")
+        self.inference_actors = [self._new_inference_actor(i) for i in range(inference_actors)]
         self.env_workers = [
-            self._new_env_worker(index, self._inference_of(index))
-            for index in range(num_env_workers)
+            self._new_env_worker(i, self._inference_of(i)) for i in range(env_workers)
         ]
-        try:  # surface a factory's error now, and leave no actor behind
+        try:
             ray.get([actor.ready.remote() for actor in [*self.inference_actors, *self.env_workers]])
         except Exception:
             self.shutdown()
             raise
-        if not given_updater:
-            self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
-        self._worker_done = [False] * num_env_workers
-        # each worker's state after its last successful collect: what a replacement starts from
-        self._worker_states: list[dict[str, Any] | None] = [None] * num_env_workers
 
     def _inference_of(self, worker_index: int) -> Any:
         return self.inference_actors[worker_index % len(self.inference_actors)]
@@ -353,7 +343,7 @@ class RayLLMCollector(CollectorBase):
         self.env_workers, self.inference_actors, self._rollout_receiver = [], [], None
 
 
-def _start_actor(cls: type, options: dict[str, Any], *args: Any) -> Any:
-    """A Ray actor of ``cls`` with ``options``, constructed with ``args``."""
+def _start_actor(cls: type, options: dict[str, Any], **kwargs: Any) -> Any:
+    """A Ray actor of ``cls`` with ``options``, constructed with ``kwargs``."""
     ray = import_ray("RayLLMCollector")
-    return ray.remote(cls).options(**options).remote(*args)
+    return ray.remote(cls).options(**options).remote(**kwargs)

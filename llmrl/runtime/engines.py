@@ -12,7 +12,8 @@ serves depends on ``topology.inference.backend``:
   :class:`~llmrl.policies.vLLMWrapper` over it in the front actor.
 
 :func:`inference_actor_options` says where each front actor goes: its own placement group
-(disaggregated) or the trainer's bundles (colocated: engines and trainer ranks share devices).
+(disaggregated) or the trainer's bundles (colocated: engines and trainer ranks share devices),
+with the resources of the placement's engine role spec (:mod:`llmrl.topology.roles`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 
 import torch
 
-from llmrl.topology import Placement, Topology
+from llmrl.topology import Placement
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransformersEngine:
     """Builds a transformers sampling policy in an inference actor (picklable).
 
@@ -78,7 +79,7 @@ class TransformersEngine:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VLLMFrontend:
     """Builds a :class:`~llmrl.policies.vLLMWrapper` over a ``VLLMEngine`` actor (picklable)."""
 
@@ -102,7 +103,7 @@ class VLLMFrontend:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineSet:
     """The policy factory of each inference actor, and the vLLM engine actors behind them (the
     targets of NCCL weight broadcasts; empty for the transformers backend)."""
@@ -112,81 +113,108 @@ class EngineSet:
 
 
 def start_engines(
-    topology: Topology,
+    *,
     placement: Placement,
     model: str,
     dtype: str,
     generate_kwargs: dict[str, Any],
     batch_rows: int,
-    batching_timeout_s: float,
-    threads: int | None,
-    runtime_env: dict[str, Any] | None,
+    batching_timeout_s: float = 0.5,
+    threads: int | None = None,
+    runtime_env: dict[str, Any] | None = None,
     seed: int | None = None,
     compile_decode: bool | None = None,
     load_options: dict[str, bool] | None = None,
 ) -> EngineSet:
-    """The engines of ``topology``: factories for the inference actors and, with vLLM, the
-    ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine ``i`` samples
-    with seed ``seed + i`` (None: unseeded); transformers engines use the compiled decode when
-    ``compile_decode`` (None: the engines on a GPU do)."""
-    inference = topology.inference
+    """The engines of ``placement.specs.inference``: factories for the inference actors and,
+    with vLLM, the ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine
+    ``i`` samples with seed ``seed + i`` (None: unseeded); transformers engines use the
+    compiled decode when ``compile_decode`` (None: the engines on a GPU do)."""
+    engines = placement.specs.inference
 
     def engine_seed(index: int) -> int | None:
         return None if seed is None else seed + index
 
-    if inference.backend == "transformers":
-        device = "cuda" if inference.engine_gpus else "cpu"
-        return EngineSet(
-            [
-                TransformersEngine(
-                    model,
-                    dtype,
-                    device,
-                    generate_kwargs,
-                    batch_rows,
-                    batching_timeout_s,
-                    threads,
-                    engine_seed(index),
-                    compile_decode,
-                    dict(load_options or {}),
-                )
-                for index in range(inference.engines)
-            ]
+    if engines.backend == "transformers":
+        factories = [
+            TransformersEngine(
+                model=model,
+                dtype=dtype,
+                device=engines.device,
+                generate_kwargs=generate_kwargs,
+                batch_rows=batch_rows,
+                batching_timeout_s=batching_timeout_s,
+                threads=threads,
+                seed=engine_seed(index),
+                compile_decode=compile_decode,
+                load_options=dict(load_options or {}),
+            )
+            for index in range(engines.count)
+        ]
+        return EngineSet(factories=factories)
+    servers = [
+        _start_vllm_engine(
+            placement,
+            index,
+            model=model,
+            dtype=dtype,
+            seed=engine_seed(index),
+            runtime_env=runtime_env,
+            load_options=load_options,
         )
+        for index in range(engines.count)
+    ]
+    factories = [
+        VLLMFrontend(
+            engine=server,
+            tokenizer=model,
+            generate_kwargs=generate_kwargs,
+            batch_rows=batch_rows,
+            batching_timeout_s=batching_timeout_s,
+        )
+        for server in servers
+    ]
+    return EngineSet(factories=factories, vllm_engines=servers)
+
+
+def _start_vllm_engine(
+    placement: Placement,
+    index: int,
+    *,
+    model: str,
+    dtype: str,
+    seed: int | None,
+    runtime_env: dict[str, Any] | None,
+    load_options: dict[str, bool] | None,
+) -> Any:
+    """The ``VLLMEngine`` actor of engine ``index`` on its first bundle (tensor parallel:
+    vLLM's Ray executor puts one worker on each bundle of the engine's group)."""
     import ray
 
     from llmrl.policies.vllm_engine import VLLMEngine
 
-    engines = []
-    tp = inference.tensor_parallel_size
-    for index in range(inference.engines):
-        options: dict[str, Any] = {
-            "num_cpus": 0,
-            # tensor parallel: vLLM's Ray executor puts one worker on each bundle of the group
-            "num_gpus": _engine_gpu_share(topology) if tp == 1 else 0,
-            "scheduling_strategy": placement.inference[index].scheduling_strategy(0),
-        }
-        if runtime_env:
-            options["runtime_env"] = runtime_env
-        engines.append(
-            ray.remote(VLLMEngine)
-            .options(**options)
-            .remote(
-                model,
-                tensor_parallel_size=tp,
-                gpu_memory_utilization=inference.gpu_memory_utilization,
-                dtype=dtype,
-                seed=engine_seed(index) or 0,
-                enforce_eager=inference.enforce_eager,
-                cpu_kv_cache_gb=inference.cpu_kv_cache_gb,
-                **load_options_for_vllm(load_options),
-            )
+    engines, inference = placement.specs.inference, placement.topology.inference
+    options: dict[str, Any] = {
+        "num_cpus": 0,
+        "num_gpus": engines.server_gpus,
+        "scheduling_strategy": placement.inference[index].scheduling_strategy(0),
+    }
+    if runtime_env:
+        options["runtime_env"] = runtime_env
+    return (
+        ray.remote(VLLMEngine)
+        .options(**options)
+        .remote(
+            model,
+            tensor_parallel_size=engines.tensor_parallel_size,
+            gpu_memory_utilization=inference.gpu_memory_utilization,
+            dtype=dtype,
+            seed=seed or 0,
+            enforce_eager=inference.enforce_eager,
+            cpu_kv_cache_gb=inference.cpu_kv_cache_gb,
+            **load_options_for_vllm(load_options),
         )
-    factories = [
-        VLLMFrontend(engine, model, generate_kwargs, batch_rows, batching_timeout_s)
-        for engine in engines
-    ]
-    return EngineSet(factories, engines)
+    )
 
 
 def load_options_for_vllm(load_options: dict[str, bool] | None) -> dict[str, Any]:
@@ -195,40 +223,9 @@ def load_options_for_vllm(load_options: dict[str, bool] | None) -> dict[str, Any
     return {"trust_remote_code": bool((load_options or {}).get("trust_remote_code", False))}
 
 
-def inference_actor_options(topology: Topology, placement: Placement) -> list[dict[str, Any]]:
-    """Ray options of each inference (front) actor: its engine's first bundle, with that
-    bundle's CPU (and GPU for a transformers engine on a GPU). Colocated engines share the
-    trainer's bundles, so they take half of each (the trainer rank takes the other half)."""
-    inference = topology.inference
-    options = []
-    for index in range(inference.engines):
-        role = placement.inference[index]
-        cpus = inference.cpus_per_engine
-        gpus = 0.0
-        if inference.backend == "transformers":
-            gpus = float(inference.engine_gpus)
-        if topology.colocated:
-            cpus = topology.trainer.cpus / topology.trainer.world_size / 2
-            gpus = gpus / 2
-        elif inference.backend == "vllm":
-            cpus = 0.0  # the VLLMEngine actor beside it holds the bundle
-        options.append(
-            {
-                "num_cpus": _floor(cpus),
-                "num_gpus": gpus,
-                "scheduling_strategy": role.scheduling_strategy(0),
-            }
-        )
-    return options
-
-
-def _engine_gpu_share(topology: Topology) -> float:
-    """The GPU share of a single-GPU vLLM engine: all of it, half when colocated, none for
-    vLLM's CPU build."""
-    if not topology.inference.engine_gpus:
-        return 0.0
-    return 0.5 if topology.colocated else 1.0
-
-
-def _floor(amount: float) -> float:
-    return int(amount * 10_000) / 10_000
+def inference_actor_options(placement: Placement) -> list[dict[str, Any]]:
+    """Ray options of each inference (front) actor: its engine's first bundle, with the
+    resources its role spec gives it (:class:`~llmrl.topology.roles.EngineRole`: that bundle's
+    CPU, and GPU for a transformers engine on a GPU; colocated, half of a trainer rank's share)."""
+    engines = placement.specs.inference
+    return [engines.actor_options(role.scheduling_strategy(0)) for role in placement.inference]

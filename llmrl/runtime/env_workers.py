@@ -16,9 +16,10 @@ from typing import Any
 
 from llmrl.config.common import ToolSettings
 from llmrl.envs.tasks.base import Task
+from llmrl.topology import Placement
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskEnvFactory:
     """``factory(worker_index) -> TaskEnv`` over that worker's shard of ``rows`` (picklable);
     ``tools``: the stage's tool settings (None or all off: single-turn episodes)."""
@@ -43,6 +44,15 @@ class TaskEnvFactory:
             group_ids=(worker_index, self.num_workers),  # unique across workers
             **tool_env_options(self.task, self.tools),
         )
+
+
+def env_worker_options(placement: Placement) -> list[dict[str, Any]]:
+    """Ray options of each env worker: its bundle of the env workers' group, with the CPUs of
+    the placement's :class:`~llmrl.topology.roles.EnvWorkerRole`; none without env workers."""
+    spec, role = placement.specs.env_workers, placement.env_workers
+    if spec is None or role is None:
+        return []
+    return [spec.actor_options(role.scheduling_strategy(i)) for i in range(spec.count)]
 
 
 def tool_env_options(task: Task, tools: ToolSettings | None) -> dict[str, Any]:

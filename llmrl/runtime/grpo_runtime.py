@@ -42,14 +42,14 @@ from typing import Any
 import yaml
 from tensordict import TensorDictBase
 
-from llmrl.collectors import AsyncRollouts, DynamicSampler, RayLLMCollector
+from llmrl.collectors import ActorLayout, AsyncRollouts, DynamicSampler, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
 from llmrl.core.config_loading import ConfigError
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.objectives import build_advantage
-from llmrl.runtime.engines import inference_actor_options, start_engines
-from llmrl.runtime.env_workers import TaskEnvFactory
+from llmrl.runtime.engines import EngineSet, inference_actor_options, start_engines
+from llmrl.runtime.env_workers import TaskEnvFactory, env_worker_options
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.runtime.trainer_group import TrainerGroup
 from llmrl.runtime.weights import TrainerRanksWeightUpdater
@@ -114,6 +114,7 @@ class GRPORuntime:
 
     def __init__(
         self,
+        *,
         config: GRPOConfig,
         topology: Topology,
         resume_from: str | None = None,
@@ -140,20 +141,31 @@ class GRPORuntime:
     def _start(
         self, resume_from: str | None, state: dict[str, Any], runtime_env: dict[str, Any] | None
     ) -> None:
-        config, topology = self.config, self.topology
-        settings = config.runtime
+        """Place the roles, then start them; each step leaves in ``_parts`` how to stop what
+        it started."""
         tick = time.perf_counter()
-        self.placement = place_on_ray(topology, timeout_s=settings.placement_timeout_s)
+        timeout_s = self.config.runtime.placement_timeout_s
+        self.placement = place_on_ray(self.topology, timeout_s=timeout_s)
         self._parts.append(self.placement.remove)
+        engines = self._start_engines(runtime_env)
+        self._start_collector(engines, runtime_env)
+        self._start_trainers(engines, resume_from, runtime_env)
+        self._start_reference(runtime_env)
+        self._start_rollouts(state, resume_from)
+        elapsed = time.perf_counter() - tick
+        logger.info("GRPO runtime up in %.1f s: %s", elapsed, describe(self.topology))
+
+    def _start_engines(self, runtime_env: dict[str, Any] | None) -> EngineSet:
+        """The inference engines, on their bundles; each serves its share of a step's rows in
+        one model call."""
+        config, settings = self.config, self.config.runtime
         rows_per_step = config.prompts_per_step * config.num_samples
-        workers = topology.env_workers.count
         engines = start_engines(
-            topology,
-            self.placement,
-            config.model.spec,
-            config.model.dtype,
-            config.generation.as_kwargs(),
-            batch_rows=math.ceil(rows_per_step / topology.inference.engines),
+            placement=self.placement,
+            model=config.model.spec,
+            dtype=config.model.dtype,
+            generate_kwargs=config.generation.as_kwargs(),
+            batch_rows=math.ceil(rows_per_step / self.placement.specs.inference.count),
             batching_timeout_s=settings.batching_timeout_s,
             threads=settings.torch_threads,
             runtime_env=runtime_env,
@@ -164,67 +176,84 @@ class GRPORuntime:
         self._parts.append(lambda: _kill(engines.vllm_engines))
         self.vllm_engines = engines.vllm_engines
         """The ``VLLMEngine`` actors behind the inference actors (empty for transformers)."""
+        return engines
+
+    def _start_collector(self, engines: EngineSet, runtime_env: dict[str, Any] | None) -> None:
+        """The env workers (each over its shard of the prompts) and the inference actors in
+        front of the engines, sized and placed by the placement's role specs."""
+        config = self.config
+        workers = self.topology.env_workers.count
         env_factory = TaskEnvFactory(
-            self.task,
-            self.train_rows,
-            workers,
-            config.prompts_per_step // workers,
-            config.num_samples,
-            config.seed,
+            task=self.task,
+            rows=self.train_rows,
+            num_workers=workers,
+            prompts_per_worker=config.prompts_per_step // workers,
+            num_samples=config.num_samples,
+            seed=config.seed,
             tools=config.tools,
         )
-        bundles = self.placement.env_workers
+        actors = ActorLayout(
+            inference=tuple(inference_actor_options(self.placement)),
+            env_workers=tuple(env_worker_options(self.placement)),
+        )
         self.collector = RayLLMCollector(
-            env_factory,
-            engines.factories,
-            workers,
-            dialog_turns_per_batch=rows_per_step,
-            num_inference_actors=topology.inference.engines,
+            env_factory=env_factory,
+            policy_factory=engines.factories,
+            actors=actors,
+            dialog_turns_per_batch=config.prompts_per_step * config.num_samples,
             runtime_env=runtime_env,
-            max_actor_restarts=settings.max_actor_restarts,
-            inference_actor_options=inference_actor_options(topology, self.placement),
-            env_worker_options=[
-                {
-                    "num_cpus": topology.env_workers.cpus_each,
-                    "scheduling_strategy": bundles.scheduling_strategy(i),
-                }
-                for i in range(workers)
-            ],
+            max_actor_restarts=config.runtime.max_actor_restarts,
         )
         self._parts.append(self.collector.shutdown)
-        self.trainers = TrainerGroup(config, topology, self.placement, resume_from, runtime_env)
+
+    def _start_trainers(
+        self, engines: EngineSet, resume_from: str | None, runtime_env: dict[str, Any] | None
+    ) -> None:
+        """The trainer ranks; rank 0 then pushes the collector's weights to the engines."""
+        self.trainers = TrainerGroup(
+            config=self.config,
+            topology=self.topology,
+            placement=self.placement,
+            resume_from=resume_from,
+            runtime_env=runtime_env,
+        )
         self._parts.append(self.trainers.shutdown)
         self.trainers.connect_engines(
-            self.collector.inference_actors,
-            engines.vllm_engines,
-            topology.inference.tensor_parallel_size,
-            topology.weight_transport,
+            inference_actors=self.collector.inference_actors,
+            vllm_engines=engines.vllm_engines,
+            ranks_per_engine=self.placement.specs.inference.tensor_parallel_size,
+            transport=self.topology.weight_transport,
         )
-        self.collector.weight_updater = TrainerRanksWeightUpdater(self.trainers)
-        self.reference = None
-        if config.reference and topology.reference.placement == "dedicated":
-            from llmrl.runtime.reference import start_reference_actor
+        self.collector.weight_updater = TrainerRanksWeightUpdater(ranks=self.trainers)
 
-            self.reference = start_reference_actor(
-                self.placement,
-                config.model.spec,
-                config.model.dtype,
-                runtime_env,
-                load_options=config.model.load_options,
-                packing=config.model.packing,
-            )
-            self._parts.append(lambda: _kill([self.reference]))
+    def _start_reference(self, runtime_env: dict[str, Any] | None) -> None:
+        """The dedicated reference actor, when the config uses a reference and the topology
+        gives it its own GPUs (else the ranks hold it, or there is none)."""
+        self.reference = None
+        if not self.config.reference or self.placement.specs.reference is None:
+            return
+        from llmrl.runtime.reference import start_reference_actor
+
+        model = self.config.model
+        self.reference = start_reference_actor(
+            placement=self.placement,
+            model=model.spec,
+            dtype=model.dtype,
+            runtime_env=runtime_env,
+            load_options=model.load_options,
+            packing=model.packing,
+        )
+        self._parts.append(lambda: _kill([self.reference]))
+
+    def _start_rollouts(self, state: dict[str, Any], resume_from: str | None) -> None:
+        """The advantage, dynamic sampling, the audit and the rollouts thread; a resumed run
+        restores their state and gives the engines the trained weights."""
+        config = self.config
         self.advantage = build_advantage(config, reference=self._reference_scorer())
         self.sampler = DynamicSampler(
             self.advantage, config.prompts_per_step, config.advantage.resample_rounds
         )
-        self.audit = None  # the driver's half of the consistency audit (llmrl.train.audit)
-        if config.audit.enabled:
-            from llmrl.models import load_tokenizer
-
-            model = config.model
-            tokenizer = load_tokenizer(model.spec, trust_remote_code=model.trust_remote_code)
-            self.audit = StepAudit(config.audit, tokenizer)
+        self.audit = self._step_audit()
         staleness = 0 if config.mode == "sync" else config.max_staleness
         self.rollouts = AsyncRollouts(self.collector, max_staleness=staleness)
         self._parts.append(self.rollouts.shutdown)
@@ -238,7 +267,16 @@ class GRPORuntime:
             # the engines start from the model spec; after a resume they need the trained weights
             self.collector.weight_updater.push(version=self.policy_version)
         self._iterator = iter(self.rollouts)
-        logger.info("GRPO runtime up in %.1f s: %s", time.perf_counter() - tick, describe(topology))
+
+    def _step_audit(self) -> StepAudit | None:
+        """The driver's half of the consistency audit (:mod:`llmrl.train.audit`), if on."""
+        if not self.config.audit.enabled:
+            return None
+        from llmrl.models import load_tokenizer
+
+        model = self.config.model
+        tokenizer = load_tokenizer(model.spec, trust_remote_code=model.trust_remote_code)
+        return StepAudit(self.config.audit, tokenizer)
 
     def _reference_scorer(self) -> Any:
         """REINFORCE++'s KL in the reward scores the batches with the dedicated reference

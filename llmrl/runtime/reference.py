@@ -16,6 +16,8 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
+from llmrl.topology import Placement
+
 
 class ReferenceScorer:
     """Scores batches with a frozen copy of the starting model.
@@ -29,6 +31,7 @@ class ReferenceScorer:
 
     def __init__(
         self,
+        *,
         model: str,
         dtype: str,
         device: str,
@@ -53,9 +56,9 @@ class ReferenceScorer:
 class ReferenceActor:
     """A :class:`ReferenceScorer` as a Ray actor on the dedicated reference's GPUs."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Takes :class:`ReferenceScorer`'s arguments."""
-        self._scorer = ReferenceScorer(*args, **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        """Takes :class:`ReferenceScorer`'s (keyword) arguments."""
+        self._scorer = ReferenceScorer(**kwargs)
 
     def ready(self) -> bool:
         """True once the model is loaded."""
@@ -67,22 +70,25 @@ class ReferenceActor:
 
 
 def start_reference_actor(
-    placement: Any,
+    *,
+    placement: Placement,
     model: str,
     dtype: str,
     runtime_env: dict[str, Any] | None,
     load_options: dict[str, bool] | None = None,
     packing: bool = True,
 ) -> Any:
-    """The dedicated reference actor on ``placement.reference``'s first bundle (one GPU)."""
+    """The dedicated reference actor on ``placement.reference``'s first bundle, with the
+    resources of the placement's :class:`~llmrl.topology.roles.ReferenceRole` (one GPU)."""
     import ray
 
-    options: dict[str, Any] = {
-        "num_cpus": 0,
-        "num_gpus": 1,
-        "scheduling_strategy": placement.reference.scheduling_strategy(0),
-    }
+    spec, role = placement.specs.reference, placement.reference
+    if spec is None or role is None:
+        raise ValueError("the topology has no dedicated reference (reference.placement)")
+    options = spec.actor_options(role.scheduling_strategy(0))
     if runtime_env:
         options["runtime_env"] = runtime_env
     actor = ray.remote(ReferenceActor).options(**options)
-    return actor.remote(model, dtype, "cuda", load_options, packing)
+    return actor.remote(
+        model=model, dtype=dtype, device="cuda", load_options=load_options, packing=packing
+    )

@@ -48,56 +48,61 @@ class TrainerGroup:
 
     def __init__(
         self,
+        *,
         config: GRPOConfig,
         topology: Topology,
         placement: Placement,
         resume_from: str | None = None,
         runtime_env: dict[str, Any] | None = None,
     ) -> None:
-        import ray
-
-        trainer = topology.trainer
-        self.world_size = trainer.world_size
+        spec = placement.specs.trainer
+        self.world_size = spec.count
         self.num_samples = config.num_samples
         self.balance_tokens = config.max_tokens_per_micro_batch is not None
         rows = config.prompts_per_step * config.num_samples
         self.minibatches = math.ceil(rows / (config.minibatch_size or rows))
-        total_steps = config.steps * config.updates_per_step * self.minibatches
-        with_reference = config.reference and topology.reference.placement == "with_trainer"
-        gpus = 1.0 if trainer.gpus else 0.0
-        if topology.colocated:
-            gpus = 0.5  # the colocated engine on the same bundle holds the other half
-        cpus = trainer.cpus / self.world_size / (2 if topology.colocated else 1)
-        actor = ray.remote(TrainerRank)
-        self.ranks = []
-        for rank in range(self.world_size):
-            options: dict[str, Any] = {
-                "num_cpus": int(cpus * 10_000) / 10_000,
-                "num_gpus": gpus,
-                "scheduling_strategy": placement.trainer.scheduling_strategy(rank),
-                "max_concurrency": 1,
-            }
-            if runtime_env:
-                options["runtime_env"] = runtime_env
-            self.ranks.append(
-                actor.options(**options).remote(
-                    config,
-                    rank,
-                    self.world_size,
-                    trainer.strategy,
-                    total_steps,
-                    with_reference,
-                    config.runtime.torch_threads,
-                )
-            )
+        self.ranks = self._start_ranks(config, topology, placement, runtime_env)
         address, port = self._all("rendezvous", ranks=[0])[0]
         self._all("setup", address, port, resume_from, stop_on_error=True)
         logger.info(
             "%d trainer rank(s) ready (%s, %s)",
             self.world_size,
-            trainer.strategy,
+            spec.strategy,
             "resumed from " + resume_from if resume_from else "fresh",
         )
+
+    def _start_ranks(
+        self,
+        config: GRPOConfig,
+        topology: Topology,
+        placement: Placement,
+        runtime_env: dict[str, Any] | None,
+    ) -> list[Any]:
+        """One :class:`TrainerRank` actor per rank, on that rank's bundle with the resources
+        of the placement's :class:`~llmrl.topology.roles.TrainerRole`."""
+        import ray
+
+        spec = placement.specs.trainer
+        total_steps = config.steps * config.updates_per_step * self.minibatches
+        with_reference = config.reference and topology.reference.placement == "with_trainer"
+        actor = ray.remote(TrainerRank)
+        ranks = []
+        for rank in range(self.world_size):
+            options = spec.actor_options(placement.trainer.scheduling_strategy(rank))
+            options["max_concurrency"] = 1
+            if runtime_env:
+                options["runtime_env"] = runtime_env
+            handle = actor.options(**options).remote(
+                config=config,
+                rank=rank,
+                world_size=self.world_size,
+                strategy=spec.strategy,
+                total_optimizer_steps=total_steps,
+                reference_with_trainer=with_reference,
+                threads=config.runtime.torch_threads,
+            )
+            ranks.append(handle)
+        return ranks
 
     def connect_engines(
         self,

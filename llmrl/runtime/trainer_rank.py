@@ -44,6 +44,7 @@ class TrainerRank:
 
     def __init__(
         self,
+        *,
         config: GRPOConfig,
         rank: int,
         world_size: int,
@@ -103,9 +104,9 @@ class TrainerRank:
             from llmrl.runtime.reference import ReferenceScorer
 
             self.reference = ReferenceScorer(
-                config.model.spec,
-                config.model.dtype,
-                config.model.device,
+                model=config.model.spec,
+                dtype=config.model.dtype,
+                device=config.model.device,
                 load_options=config.model.load_options,
                 packing=config.model.packing,
             )

@@ -20,7 +20,7 @@ class TrainerRanksWeightUpdater(WeightUpdater):
 
     needs_weights = False
 
-    def __init__(self, ranks: TrainerGroup) -> None:
+    def __init__(self, *, ranks: TrainerGroup) -> None:
         super().__init__()
         self.ranks = ranks
 

@@ -75,8 +75,8 @@ def run_grpo(config: GRPOConfig) -> GRPOResult:
     last = {"reward_mean": math.nan, "accuracy": math.nan}
     with ray_session(config.runtime.ray_address):
         runtime = GRPORuntime(
-            config,
-            topology,
+            config=config,
+            topology=topology,
             resume_from=str(latest.resolve()) if latest is not None else None,
             resume_state=state.extra if state else None,
             runtime_env=actor_runtime_env(),

@@ -1,6 +1,7 @@
 """Reserve a :class:`~llmrl.topology.spec.Topology` on a Ray cluster as placement groups.
 
-:func:`plan_groups` turns a topology into the placement groups it needs (pure, no Ray):
+:func:`plan_groups` turns a topology into the placement groups it needs (pure, no Ray), from
+its roles' specs (:func:`~llmrl.topology.roles.role_specs`, each pod group's bundles):
 
 * one group per inference engine, one ``{"GPU": 1, "CPU": x}`` bundle per GPU of the engine
   (``STRICT_PACK``: a vllm engine's tensor-parallel ranks on one node), or one ``{"CPU": x}``
@@ -21,14 +22,12 @@ not reserved in Ray (Kubernetes enforces it through the pods' limits).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrl.topology.roles import Bundle, RoleSpecs, role_specs
 from llmrl.topology.spec import Topology
-
-Bundle = dict[str, float]
 
 
 class PlacementError(RuntimeError):
@@ -81,7 +80,9 @@ class RoleGroup:
 class Placement:
     """The placement groups that hold a topology; :meth:`remove` releases them.
 
-    Usable as a context manager, which removes the groups on exit.
+    ``specs`` (:func:`~llmrl.topology.roles.role_specs` of the topology) says how many actors
+    each role has and what each asks of Ray on its bundle. Usable as a context manager, which
+    removes the groups on exit.
     """
 
     topology: Topology
@@ -90,6 +91,10 @@ class Placement:
     reference: RoleGroup | None
     env_workers: RoleGroup | None
     groups: list[Any] = field(default_factory=list)
+    specs: RoleSpecs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.specs = role_specs(self.topology)
 
     def remove(self) -> None:
         """Remove every placement group of this placement (idempotent)."""
@@ -103,57 +108,55 @@ class Placement:
         self.remove()
 
 
-def plan_groups(topology: Topology) -> tuple[list[GroupPlan], list[RolePlan]]:
-    """The placement groups ``topology`` needs and which bundles each role uses (no Ray).
+@dataclass(frozen=True)
+class PlacementPlan:
+    """What placing a topology takes (no Ray): its roles' specs, the placement groups to
+    create, and which bundles each role uses."""
+
+    specs: RoleSpecs
+    groups: tuple[GroupPlan, ...]
+    roles: tuple[RolePlan, ...]
+
+
+def plan_groups(topology: Topology) -> PlacementPlan:
+    """The placement groups ``topology`` needs and which bundles each role uses (no Ray), from
+    its :func:`~llmrl.topology.roles.role_specs`.
 
     Roles are ``inference[i]``, ``trainer`` (one bundle per rank), ``reference`` (dedicated
     only) and ``env_workers`` (when there are any).
     """
-    inference, trainer = topology.inference, topology.trainer
+    specs = role_specs(topology)
+    engines, trainer = specs.inference, specs.trainer
     groups: list[GroupPlan] = []
     roles: list[RolePlan] = []
-    tp = inference.tensor_parallel_size
-    if topology.colocated:
-        cpus = trainer.cpus + inference.engines * inference.cpus_per_engine
+
+    def add(role: str, bundles: tuple[Bundle, ...], strategy: str) -> None:
+        roles.append(RolePlan(role, len(groups), tuple(range(len(bundles)))))
+        groups.append(GroupPlan(role, bundles, strategy))
+
+    if specs.colocated is not None:
+        tp = engines.tensor_parallel_size
         groups.append(
-            GroupPlan("colocated (inference + trainer)", _gpu_bundles(trainer.gpus, cpus), "PACK")
+            GroupPlan("colocated (inference + trainer)", specs.colocated.bundles(), "PACK")
         )
-        for engine in range(inference.engines):
+        for engine in range(engines.count):
             roles.append(
                 RolePlan(f"inference[{engine}]", 0, tuple(range(engine * tp, (engine + 1) * tp)))
             )
-        roles.append(RolePlan("trainer", 0, tuple(range(trainer.gpus))))
+        roles.append(RolePlan("trainer", 0, tuple(range(trainer.pod.gpus))))
     else:
-        for engine in range(inference.engines):
-            gpus = inference.engine_gpus
-            bundles = (
-                _gpu_bundles(gpus, inference.cpus_per_engine)
-                if gpus
-                else ({"CPU": _cpus(inference.cpus_per_engine)},)
-            )
-            roles.append(RolePlan(f"inference[{engine}]", len(groups), tuple(range(len(bundles)))))
-            groups.append(GroupPlan(f"inference[{engine}]", bundles, "STRICT_PACK"))
-        ranks = trainer.world_size
-        bundles = (
-            _gpu_bundles(trainer.gpus, trainer.cpus)
-            if trainer.gpus
-            else tuple({"CPU": _cpus(trainer.cpus / ranks)} for _ in range(ranks))
-        )
-        roles.append(RolePlan("trainer", len(groups), tuple(range(len(bundles)))))
-        groups.append(GroupPlan("trainer", bundles, "PACK"))
-    if topology.reference_gpus:
-        bundles = _gpu_bundles(topology.reference_gpus, topology.reference.cpus)
-        roles.append(RolePlan("reference", len(groups), tuple(range(len(bundles)))))
-        groups.append(GroupPlan("reference", bundles, "PACK"))
-    workers = topology.env_workers
-    if workers.count:
-        bundles = tuple({"CPU": _cpus(workers.cpus_each)} for _ in range(workers.count))
-        roles.append(RolePlan("env_workers", len(groups), tuple(range(workers.count))))
-        groups.append(GroupPlan("env_workers", bundles, "SPREAD"))
-    return groups, roles
+        for engine in range(engines.count):
+            add(f"inference[{engine}]", engines.pod.bundles(), "STRICT_PACK")
+        add("trainer", trainer.pod.bundles(), "PACK")
+    if specs.reference is not None:
+        add("reference", specs.reference.pod.bundles(), "PACK")
+    if specs.env_workers is not None:
+        pods = specs.env_workers.pod
+        add("env_workers", pods.bundles() * pods.replicas, "SPREAD")
+    return PlacementPlan(specs, tuple(groups), tuple(roles))
 
 
-def requested_resources(groups: list[GroupPlan]) -> Bundle:
+def requested_resources(groups: Sequence[GroupPlan]) -> Bundle:
     """The sum of every bundle of ``groups``, per resource."""
     total: Bundle = {}
     for group in groups:
@@ -194,39 +197,27 @@ def place_on_ray(
         raise MissingExtraError("ray", "local", "Placing a topology on Ray") from error
     if not ray.is_initialized():
         ray.init()
-    plans, roles = plan_groups(topology)
+    plan = plan_groups(topology)
+    plans = list(plan.groups)
     requested = requested_resources(plans)
     if check_capacity:
-        cluster = ray.cluster_resources()
-        short = {
-            name: amount
-            for name, amount in requested.items()
-            if amount > cluster.get(name, 0.0) + 1e-9
-        }
-        if short:
-            lacking = ", ".join(
-                f"{name}: needs {_num(amount)}, the cluster has {_num(cluster.get(name, 0.0))}"
-                for name, amount in short.items()
-            )
-            raise PlacementError(
-                f"cannot place the topology on this Ray cluster ({lacking})\n"
-                + _describe(plans, requested, cluster, ray.available_resources())
-            )
-    created = [placement_group(list(plan.bundles), strategy=plan.strategy) for plan in plans]
+        _check_capacity(ray, plans, requested)
+    created = [placement_group(list(group.bundles), strategy=group.strategy) for group in plans]
     refs = [group.ready() for group in created]
     _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if pending:
         waiting = set(pending)
-        unplaced = [plan for plan, ref in zip(plans, refs, strict=True) if ref in waiting]
+        unplaced = [group for group, ref in zip(plans, refs, strict=True) if ref in waiting]
         cluster, available = ray.cluster_resources(), ray.available_resources()
         _remove_groups(created)
-        names = ", ".join(plan.label for plan in unplaced)
+        names = ", ".join(group.label for group in unplaced)
         raise PlacementError(
             f"could not place {names} within {timeout_s:g} s (their groups were removed)\n"
             + _describe(unplaced, requested, cluster, available)
         )
     by_role = {
-        plan.role: RoleGroup(plan.role, created[plan.group], plan.bundle_indices) for plan in roles
+        role.role: RoleGroup(role.role, created[role.group], role.bundle_indices)
+        for role in plan.roles
     }
     return Placement(
         topology=topology,
@@ -238,14 +229,22 @@ def place_on_ray(
     )
 
 
-def _gpu_bundles(gpus: int, cpus: float) -> tuple[Bundle, ...]:
-    share = _cpus(cpus / gpus)
-    return tuple({"GPU": 1.0, "CPU": share} for _ in range(gpus))
-
-
-def _cpus(amount: float) -> float:
-    # Ray resolves resources to 1e-4; round down so bundles never sum above the request.
-    return math.floor(amount * 10_000) / 10_000
+def _check_capacity(ray: Any, plans: list[GroupPlan], requested: Bundle) -> None:
+    """Raise :class:`PlacementError` when the cluster's total resources are short of
+    ``requested``, naming each resource that is."""
+    cluster = ray.cluster_resources()
+    short = {
+        name: amount for name, amount in requested.items() if amount > cluster.get(name, 0.0) + 1e-9
+    }
+    if short:
+        lacking = ", ".join(
+            f"{name}: needs {_num(amount)}, the cluster has {_num(cluster.get(name, 0.0))}"
+            for name, amount in short.items()
+        )
+        raise PlacementError(
+            f"cannot place the topology on this Ray cluster ({lacking})\n"
+            + _describe(plans, requested, cluster, ray.available_resources())
+        )
 
 
 def _num(amount: float) -> str:

@@ -47,7 +47,7 @@ def test_inference_actor_loads_and_checksums_weights_on_passing_threads(
         return load_into(*args)
 
     monkeypatch.setattr(ray_actors, "_load_into", recording)
-    actor = InferenceActor(TinyPolicyFactory(), engine=0)
+    actor = InferenceActor(policy_factory=TinyPolicyFactory(), engine=0)
     try:
         trained = perturbed(tiny_model(load_tokenizer(), seed=0)).state_dict()
         sent = weights_checksum(trained)

@@ -19,12 +19,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def collector(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: cached first)
-    from llmrl.collectors import RayLLMCollector
+    from llmrl.collectors import ActorLayout, RayLLMCollector
 
     collector = RayLLMCollector(
-        ArithmeticEnvFactory(batch_size=2, repeats=2, num_problems=10),
-        TinyPolicyFactory(seed=0, min_batch_size=8),  # a round's rows: 2 workers x 2 x 2
-        num_env_workers=2,
+        env_factory=ArithmeticEnvFactory(batch_size=2, repeats=2, num_problems=10),
+        policy_factory=TinyPolicyFactory(seed=0, min_batch_size=8),  # 2 workers x 2 x 2 rows
+        actors=ActorLayout.uniform(env_workers=2, inference_actors=1),
         dialog_turns_per_batch=8,
         total_dialog_turns=16,
         runtime_env=actor_runtime_env(session_cache),

@@ -297,11 +297,12 @@ def test_a_streamable_http_server(server_script, tmp_path):
 # ---------------------------------------------------------------- the GRPO env workers' env
 TASK = ArithmeticTask()
 ROWS = TASK.generate(8, seed=0)
+SHARDS = {"num_workers": 2, "prompts_per_worker": 1, "num_samples": 2}  # each worker's draws
 
 
 def _worker_env(*overrides: str):
     config = stage_config(GRPOConfig, "data.path=prepared", *overrides)
-    factory = TaskEnvFactory(TASK, ROWS, 2, 1, 2, seed=0, tools=config.tools)
+    factory = TaskEnvFactory(task=TASK, rows=ROWS, seed=0, tools=config.tools, **SHARDS)
     return pickle.loads(pickle.dumps(factory))(0)  # as shipped to an env worker actor
 
 

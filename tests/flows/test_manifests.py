@@ -347,7 +347,8 @@ def test_grpo_rayjob_offers_ray_what_the_placement_reserves(topology_name: str) 
     rayjob = build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", SETTINGS, topology)
     spec = rayjob["spec"]
     head, workers = _ray_nodes(rayjob)
-    plans, roles = plan_groups(topology)
+    plan = plan_groups(topology)
+    plans, roles = list(plan.groups), plan.roles
     requested = requested_resources(plans)
     for resource in ("CPU", "GPU"):
         offered = sum(node.get(resource, 0.0) for node in workers)

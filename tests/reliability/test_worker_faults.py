@@ -38,15 +38,15 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def make_collector(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: cached first)
     """Builds RayLLMCollectors over 2 env workers and 1 inference actor; shuts them down."""
-    from llmrl.collectors import RayLLMCollector
+    from llmrl.collectors import ActorLayout, RayLLMCollector
 
     made = []
 
     def make(env_factory: Any, policy_factory: Any, **options: Any) -> RayLLMCollector:
         collector = RayLLMCollector(
-            env_factory,
-            policy_factory,
-            num_env_workers=2,
+            env_factory=env_factory,
+            policy_factory=policy_factory,
+            actors=ActorLayout.uniform(env_workers=2, inference_actors=1),
             dialog_turns_per_batch=TURNS,
             total_dialog_turns=TURNS,
             runtime_env=actor_runtime_env(session_cache),

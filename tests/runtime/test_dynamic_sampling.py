@@ -120,7 +120,7 @@ def test_runtime_steps_resample_on_ray(local_ray, arithmetic_data, tiny_model_di
     config = _config(arithmetic_data, tiny_model_dir, "advantage.max_resample_rounds=8")
     runtime_env = actor_runtime_env()
     runtime_env["env_vars"]["PYTHONPATH"] = str(REPO)  # the env workers import the task
-    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=runtime_env)
+    runtime = GRPORuntime(config=config, topology=resolve_topology(config), runtime_env=runtime_env)
     try:
         steps = [runtime.step(number) for number in (1, 2)]
     finally:

@@ -17,6 +17,7 @@ from tests.train.conftest import stage_config
 
 TASK = ArithmeticTask()
 ROWS = TASK.generate(8, seed=0)
+SHARDS = {"num_workers": 2, "prompts_per_worker": 1, "num_samples": 2}  # each worker's draws
 
 
 def _config(*overrides: str) -> GRPOConfig:
@@ -24,7 +25,7 @@ def _config(*overrides: str) -> GRPOConfig:
 
 
 def _env(config: GRPOConfig, worker: int = 0):
-    factory = TaskEnvFactory(TASK, ROWS, 2, 1, 2, seed=0, tools=config.tools)
+    factory = TaskEnvFactory(task=TASK, rows=ROWS, seed=0, tools=config.tools, **SHARDS)
     return pickle.loads(pickle.dumps(factory))(worker)  # shipped to the worker actors
 
 

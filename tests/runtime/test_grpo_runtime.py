@@ -43,7 +43,9 @@ def test_no_trained_sample_is_older_than_max_staleness(
         max_staleness=max_staleness,
     )
     bound = max_staleness if mode == "async" else 0
-    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
+    runtime = GRPORuntime(
+        config=config, topology=resolve_topology(config), runtime_env=actor_runtime_env()
+    )
     try:
         steps = [runtime.step(number)[1] for number in range(1, 5)]
     finally:
@@ -72,7 +74,9 @@ def test_a_killed_engine_and_env_worker_are_rebuilt_and_the_step_completes(
     import ray
 
     config = _config(arithmetic_data, tiny_model_dir)
-    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
+    runtime = GRPORuntime(
+        config=config, topology=resolve_topology(config), runtime_env=actor_runtime_env()
+    )
     try:
         runtime.step(1)
         # sync mode: batch 2 is being collected right after the push of version 1; the deaths
@@ -102,7 +106,9 @@ def test_an_engine_on_corrupted_weights_stops_the_run_naming_the_step_and_the_en
     from llmrl.train.audit import AuditError
 
     config = _config(arithmetic_data, tiny_model_dir)
-    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=actor_runtime_env())
+    runtime = GRPORuntime(
+        config=config, topology=resolve_topology(config), runtime_env=actor_runtime_env()
+    )
     collector = runtime.collector
     push = collector.update_policy_weights_
     corrupted = load_model(tiny_model_dir).state_dict()

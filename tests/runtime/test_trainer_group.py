@@ -105,7 +105,7 @@ def _train_once(config, ranks, strategy, batch, tmp_path) -> tuple[dict, dict]:
     """One step on ``ranks`` ranks; the metrics and the saved weights."""
     topology = _topology(ranks, strategy)
     with place_on_ray(topology, timeout_s=30) as placement:
-        group = TrainerGroup(config, topology, placement)
+        group = TrainerGroup(config=config, topology=topology, placement=placement)
         try:
             metrics = group.train(batch, step=1)
             path = group.save(1, extra={}, metrics={})
@@ -194,7 +194,7 @@ def test_fsdp_ranks_in_bfloat16_keep_float32_masters_and_save_bfloat16(
     single_metrics, _ = _train_once(config, 1, "single", batch, tmp_path / "single")
     topology = _topology(2, "fsdp")  # FSDP2's MixedPrecisionPolicy instead of autocast
     with place_on_ray(topology, timeout_s=30) as placement:
-        group = TrainerGroup(config, topology, placement)
+        group = TrainerGroup(config=config, topology=topology, placement=placement)
         try:
             metrics = group.train(batch, step=1)
             path = Path(group.save(1, extra={}, metrics={}))
@@ -279,7 +279,7 @@ def test_a_killed_rank_is_named_and_the_others_are_stopped(
     config = _config(arithmetic_data, tiny_model_dir, tmp_path)
     topology = _topology(2, "ddp")
     with place_on_ray(topology, timeout_s=30) as placement:
-        group = TrainerGroup(config, topology, placement)
+        group = TrainerGroup(config=config, topology=topology, placement=placement)
         ray.kill(group.ranks[1])
         with pytest.raises(TrainerRankDied, match=r"trainer rank 1 died during train"):
             group.train(batch, step=1)

@@ -28,7 +28,7 @@ def test_the_broadcast_transport_carries_every_push_of_a_run(
         num_samples=2,
     )
     topology = Topology.local_default().model_copy(update={"weight_transport": "broadcast"})
-    runtime = GRPORuntime(config, topology, runtime_env=actor_runtime_env())
+    runtime = GRPORuntime(config=config, topology=topology, runtime_env=actor_runtime_env())
     try:
         steps = [runtime.step(number)[1] for number in (1, 2)]
         pushes = list(runtime.collector.weight_updater.history)

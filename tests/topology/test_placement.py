@@ -14,8 +14,13 @@ from llmrl.topology import PlacementError, Topology, place_on_ray
 from llmrl.topology.placement import plan_groups, requested_resources
 
 
+def _plan(topology: Topology) -> tuple[list, list]:
+    plan = plan_groups(topology)
+    return list(plan.groups), list(plan.roles)
+
+
 def test_plan_of_the_local_default_is_cpu_only():
-    groups, roles = plan_groups(Topology.local_default())
+    groups, roles = _plan(Topology.local_default())
     assert [(g.label, g.bundles, g.strategy) for g in groups] == [
         ("inference[0]", ({"CPU": 0.5},), "STRICT_PACK"),
         ("trainer", ({"CPU": 0.5},), "PACK"),
@@ -34,7 +39,7 @@ def test_vllm_engines_get_one_gpu_bundle_per_tensor_parallel_rank():
             "env_workers": {"count": 0},
         }
     )
-    groups, roles = plan_groups(topology)
+    groups, roles = _plan(topology)
     assert [g.label for g in groups] == ["inference[0]", "inference[1]", "trainer", "reference"]
     assert groups[0].bundles == ({"GPU": 1.0, "CPU": 2.0},) * 2
     assert groups[2].bundles == ({"GPU": 1.0, "CPU": 3.0},) * 2
@@ -45,7 +50,7 @@ def test_vllm_engines_get_one_gpu_bundle_per_tensor_parallel_rank():
 
 def test_the_trainer_gets_one_bundle_per_rank():
     gpu = Topology.model_validate({"trainer": {"gpus": 4, "strategy": "ddp", "cpus": 8}})
-    groups, roles = plan_groups(gpu)
+    groups, roles = _plan(gpu)
     trainer = {r.role: r for r in roles}["trainer"]
     assert groups[trainer.group].bundles == ({"GPU": 1.0, "CPU": 2.0},) * 4
     assert trainer.bundle_indices == (0, 1, 2, 3)
@@ -55,7 +60,7 @@ def test_the_trainer_gets_one_bundle_per_rank():
             "trainer": {"gpus": 0, "ranks": 3, "strategy": "ddp", "cpus": 2},
         }
     )
-    groups, roles = plan_groups(cpu)
+    groups, roles = _plan(cpu)
     trainer = {r.role: r for r in roles}["trainer"]
     # 2 cores / 3 ranks, rounded down to Ray's 1e-4 resolution so the bundles fit the pod.
     assert groups[trainer.group].bundles == ({"CPU": 0.6666},) * 3
@@ -67,7 +72,7 @@ def test_a_transformers_engine_on_one_gpu_gets_a_gpu_bundle():
     topology = Topology.model_validate(
         {"inference": {"backend": "transformers", "gpus_per_engine": 1, "cpus_per_engine": 2}}
     )
-    groups, _ = plan_groups(topology)
+    groups, _ = _plan(topology)
     assert groups[0].label == "inference[0]"
     assert groups[0].bundles == ({"GPU": 1.0, "CPU": 2.0},)
     assert requested_resources(groups)["GPU"] == topology.total_gpus == 2
@@ -82,7 +87,7 @@ def test_colocated_engines_share_the_trainer_group():
             "env_workers": {"count": 1},
         }
     )
-    groups, roles = plan_groups(topology)
+    groups, roles = _plan(topology)
     assert len(groups) == 2 and len(groups[0].bundles) == 8
     by_role = {r.role: r for r in roles}
     assert by_role["inference[1]"].group == by_role["trainer"].group == 0

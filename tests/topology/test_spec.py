@@ -357,5 +357,5 @@ def test_a_vllm_engine_on_cpu_needs_no_gpu():
         trainer={"gpus": 0, "ranks": 2, "strategy": "ddp", "cpus": 1.0},
     )
     assert topology.inference.engine_gpus == 0 and topology.total_gpus == 0
-    groups, _ = plan_groups(topology)
+    groups = plan_groups(topology).groups
     assert groups[0].label == "inference[0]" and groups[0].bundles == ({"CPU": 0.5},)

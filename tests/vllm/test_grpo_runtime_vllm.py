@@ -60,7 +60,7 @@ def test_grpo_on_a_vllm_cpu_engine_keeps_the_engine_equal_to_the_trainer(
     start = load_model(vllm_tiny_dir, dtype=torch.float32).eval()
     runtime_env = actor_runtime_env()
     runtime_env["env_vars"]["PYTHONPATH"] = str(REPO_ROOT)  # the env workers import the task
-    runtime = GRPORuntime(config, resolve_topology(config), runtime_env=runtime_env)
+    runtime = GRPORuntime(config=config, topology=resolve_topology(config), runtime_env=runtime_env)
     try:
         import ray
 
