@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmrl.policies.base import INPUT_MODES, GeneratedSample, LLMWrapperBase, ScoreResult
+from llmrl.policies.base import LLMWrapperBase
 from llmrl.policies.batching import BatchingClosedError, RequestBatcher
 from llmrl.policies.generation_kwargs import GenerationKwargs, GenerationKwargsError
+from llmrl.policies.io_spec import INPUT_MODES, GeneratedSample, PolicyIOSpec, ScoreResult
 from llmrl.policies.transformers_wrapper import TransformersWrapper
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "GenerationKwargs",
     "GenerationKwargsError",
     "LLMWrapperBase",
+    "PolicyIOSpec",
     "RequestBatcher",
     "ScoreResult",
     "TransformersWrapper",

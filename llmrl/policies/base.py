@@ -20,9 +20,9 @@ Scoring writes ``logits`` and ``entropy`` too when asked (``return_logits``, ``r
 from __future__ import annotations
 
 import copy
+import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
@@ -31,39 +31,24 @@ from llmrl.data import ChatFormat
 from llmrl.data.non_tensor import as_list
 from llmrl.policies.batching import RequestBatcher
 from llmrl.policies.generation_kwargs import GenerationKwargs, GenerationKwargsError
+from llmrl.policies.io_spec import (
+    INPUT_MODES,
+    GeneratedSample,
+    InputMode,
+    PolicyIOSpec,
+    ScoreResult,
+    check_input_mode,
+    default_input_key,
+    tokenizer_eos_ids,
+    tokenizer_pad_id,
+)
 from llmrl.policies.policy_inputs import read_inputs
 from llmrl.policies.policy_outputs import write_outputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-InputMode = Literal["history", "text", "tokens"]
-INPUT_MODES: tuple[str, ...] = ("history", "text", "tokens")
-
-
-@dataclass
-class GeneratedSample:
-    """One sampled response: token ids, their sampling log-probs, and how it ended.
-
-    ``tokens`` include the end-of-sequence token when the model emitted one; ``finished`` is
-    False when the response hit ``max_new_tokens`` instead.
-    """
-
-    tokens: torch.Tensor
-    log_probs: torch.Tensor | None
-    finished: bool
-
-
-@dataclass
-class ScoreResult:
-    """Right-padded log-probs ``[N, L]`` of scored sequences (and entropies, logits when asked).
-
-    ``entropy[i, t]`` is the entropy of the distribution token ``t`` was drawn from, laid out
-    like ``log_probs`` (0 where they hold 0)."""
-
-    log_probs: torch.Tensor
-    logits: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
+__all__ = ["INPUT_MODES", "GeneratedSample", "InputMode", "LLMWrapperBase", "ScoreResult"]
 
 
 class LLMWrapperBase(ABC):
@@ -119,8 +104,7 @@ class LLMWrapperBase(ABC):
         max_batch_size: int | None = None,
         batching_timeout: float = 0.05,
     ) -> None:
-        if input_mode not in INPUT_MODES:
-            raise ValueError(f"input_mode must be one of {list(INPUT_MODES)}, got {input_mode!r}")
+        check_input_mode(input_mode)
         # Kept as given, so get_new_version can rebuild the settings with some changed.
         self._settings = {
             name: value for name, value in locals().items() if name not in ("self", "tokenizer")
@@ -141,7 +125,7 @@ class LLMWrapperBase(ABC):
             "masks": masks_key,
             "log_probs": log_probs_key,
         }
-        self.input_key = input_key or (self.keys[input_mode], "prompt" if generate else "full")
+        self.input_key = input_key or default_input_key(self.keys, input_mode, generate)
         self.generate_kwargs = _merge_num_samples(generate_kwargs, num_samples)
         self.batching = {
             "min_batch_size": min_batch_size or 1,
@@ -160,23 +144,33 @@ class LLMWrapperBase(ABC):
     @property
     def pad_token_id(self) -> int:
         """Id used to pad token outputs (the tokenizer's pad, else its EOS)."""
-        pad = self.tokenizer.pad_token_id
-        return pad if pad is not None else self.tokenizer.eos_token_id
+        return tokenizer_pad_id(self.tokenizer)
 
     @property
     def eos_token_ids(self) -> set[int]:
         """Token ids that end a response."""
-        eos = self.tokenizer.eos_token_id
-        return set(eos) if isinstance(eos, list) else {eos}
+        return tokenizer_eos_ids(self.tokenizer)
+
+    @property
+    def io_spec(self) -> PolicyIOSpec:
+        """The settings this policy's inputs are read and outputs written with: each field is
+        the policy's attribute of that name, but ``skip_special_tokens`` (a generation setting).
+
+        Built anew on each access (a few attribute reads), so it follows settings changed
+        after construction, such as a tokenizer swapped in by ``SFTLoss``."""
+        settings = {
+            spec_field.name: getattr(self, spec_field.name)
+            for spec_field in dataclasses.fields(PolicyIOSpec)
+            if spec_field.name != "skip_special_tokens"
+        }
+        return PolicyIOSpec(
+            **settings, skip_special_tokens=self.generate_kwargs.skip_special_tokens
+        )
 
     def decode_response(self, sample: GeneratedSample, content_only: bool = False) -> str:
         """Text of a sampled response; ``content_only`` drops a final end-of-sequence token
         (the message content of a chat reply)."""
-        tokens = sample.tokens
-        if content_only and len(tokens) and int(tokens[-1]) in self.eos_token_ids:
-            tokens = tokens[:-1]
-        skip = self.generate_kwargs.skip_special_tokens
-        return self.tokenizer.decode(tokens, skip_special_tokens=skip)
+        return self.io_spec.decode_response(sample, content_only=content_only)
 
     # ------------------------------------------------------------------ backend primitives
     @abstractmethod
@@ -213,10 +207,11 @@ class LLMWrapperBase(ABC):
         batch = td.unsqueeze(0) if single else td
         if batch.batch_dims != 1:
             raise ValueError(f"policies take a batch [B] or a row []; got {list(td.batch_size)}")
-        inputs = read_inputs(self, batch)
-        if self.generate:
+        spec = self.io_spec
+        inputs = read_inputs(spec, batch)
+        if spec.generate:
             samples = self._generate(inputs.prompt_tokens, self.generate_kwargs)
-            out = write_outputs(self, batch, inputs, samples=samples)
+            out = write_outputs(spec, batch, inputs, samples=samples)
         else:
             responses_only = (
                 self.score_responses_only
@@ -229,7 +224,7 @@ class LLMWrapperBase(ABC):
                 prompt_lengths=[len(p) for p in inputs.prompt_tokens] if responses_only else None,
                 return_entropy=self.return_entropy,
             )
-            out = write_outputs(self, batch, inputs, scores=scores)
+            out = write_outputs(spec, batch, inputs, scores=scores)
         return out[0] if single else out
 
     def get_new_version(self, **changes: Any) -> LLMWrapperBase:

@@ -10,16 +10,14 @@ them, so a sequence scored with ``generate=False`` lines up token for token with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 
 from llmrl.data import History, Masks, Tokens, unpad_sequences
 from llmrl.data.non_tensor import as_list
-
-if TYPE_CHECKING:
-    from llmrl.policies.base import LLMWrapperBase
+from llmrl.policies.io_spec import PolicyIOSpec
 
 
 class InputKeyError(KeyError):
@@ -43,10 +41,11 @@ class PolicyInputs:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def read_inputs(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
-    """Extract the policy's inputs from a batch ``[B]``."""
+def read_inputs(spec: PolicyIOSpec, td: TensorDictBase) -> PolicyInputs:
+    """Extract the inputs from a batch ``[B]``: the mode, key, tokenizer and chat template
+    are ``spec``'s (a policy passes its ``io_spec``)."""
     reader = {"history": _read_history, "text": _read_text, "tokens": _read_tokens}
-    return reader[policy.input_mode](policy, td)
+    return reader[spec.input_mode](spec, td)
 
 
 def get_input(td: TensorDictBase, key: str | tuple[str, ...], required: bool = True) -> Any:
@@ -74,10 +73,10 @@ def get_input(td: TensorDictBase, key: str | tuple[str, ...], required: bool = T
     return value
 
 
-def _read_history(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
-    history = _expect(get_input(td, policy.input_key), History, policy.input_key)
-    tokenizer, template = policy.tokenizer, policy.chat_template
-    if policy.generate:
+def _read_history(spec: PolicyIOSpec, td: TensorDictBase) -> PolicyInputs:
+    history = _expect(get_input(td, spec.input_key), History, spec.input_key)
+    tokenizer, template = spec.tokenizer, spec.chat_template
+    if spec.generate:
         tokens = history.apply_chat_template(
             tokenizer, add_generation_prompt=True, chat_template=template
         )
@@ -96,7 +95,7 @@ def _read_history(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
         assistant_masks=tokens.as_list("assistant_mask"),
         full_text=history.apply_chat_template(tokenizer, chat_template=template, tokenize=False),
     )
-    prompt = get_input(td, (policy.keys["history"], "prompt"), required=False)
+    prompt = get_input(td, (spec.keys["history"], "prompt"), required=False)
     if isinstance(prompt, History) and prompt is not history:
         prompt_tokens = prompt.apply_chat_template(
             tokenizer, add_generation_prompt=True, chat_template=template
@@ -106,23 +105,23 @@ def _read_history(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
     return inputs
 
 
-def _read_text(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
-    texts = [str(t) for t in as_list(get_input(td, policy.input_key))]
-    if policy.generate:
-        prompt_tokens = [_encode(policy, text) for text in texts]
+def _read_text(spec: PolicyIOSpec, td: TensorDictBase) -> PolicyInputs:
+    texts = [str(t) for t in as_list(get_input(td, spec.input_key))]
+    if spec.generate:
+        prompt_tokens = [_encode(spec, text) for text in texts]
         return PolicyInputs(
             prompt_tokens=prompt_tokens,
             assistant_masks=[torch.zeros_like(t, dtype=torch.bool) for t in prompt_tokens],
             prompt_text=texts,
         )
-    prompts = get_input(td, (policy.keys["text"], "prompt"), required=False)
+    prompts = get_input(td, (spec.keys["text"], "prompt"), required=False)
     if prompts is None:
-        return PolicyInputs(full_tokens=[_encode(policy, text) for text in texts], full_text=texts)
+        return PolicyInputs(full_tokens=[_encode(spec, text) for text in texts], full_text=texts)
     prompt_tokens, full_tokens, masks = [], [], []
     for row, (prompt, full) in enumerate(zip(as_list(prompts), texts, strict=True)):
         if not full.startswith(prompt):
             raise ValueError(f"text row {row}: the full text does not start with its prompt")
-        prompt_ids, response_ids = _encode(policy, prompt), _encode(policy, full[len(prompt) :])
+        prompt_ids, response_ids = _encode(spec, prompt), _encode(spec, full[len(prompt) :])
         prompt_tokens.append(prompt_ids)
         full_tokens.append(torch.cat([prompt_ids, response_ids]))
         masks.append(torch.arange(len(full_tokens[-1])) >= len(prompt_ids))
@@ -131,27 +130,27 @@ def _read_text(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
     )
 
 
-def _read_tokens(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
-    key = policy.input_key
+def _read_tokens(spec: PolicyIOSpec, td: TensorDictBase) -> PolicyInputs:
+    key = spec.input_key
     if isinstance(key, str) or len(key) != 2:
         raise ValueError(
             f"tokens mode reads (container, field) keys like ('tokens', 'prompt'); got {key!r}"
         )
     container = _expect(get_input(td, key[0]), Tokens, key[0])
-    rows = _token_rows(td, policy, container, key[1])
+    rows = _token_rows(td, spec, container, key[1])
     if rows is None:
         raise InputKeyError(f"input key {key!r} not found: the Tokens container has no {key[1]!r}")
-    if policy.generate:
+    if spec.generate:
         return PolicyInputs(
             prompt_tokens=rows,
             assistant_masks=[torch.zeros_like(r, dtype=torch.bool) for r in rows],
         )
     inputs = PolicyInputs(full_tokens=rows)
-    prompt_rows = _token_rows(td, policy, container, "prompt") if key[1] != "prompt" else None
+    prompt_rows = _token_rows(td, spec, container, "prompt") if key[1] != "prompt" else None
     if prompt_rows is not None:
         _check_prefixes(prompt_rows, rows, "tokens")
         inputs.prompt_tokens = prompt_rows
-    inputs.assistant_masks = _input_assistant_masks(td, policy, rows)
+    inputs.assistant_masks = _input_assistant_masks(td, spec, rows)
     if inputs.assistant_masks is None and prompt_rows is not None:
         inputs.assistant_masks = [
             torch.arange(len(full)) >= len(prompt)
@@ -161,11 +160,11 @@ def _read_tokens(policy: LLMWrapperBase, td: TensorDictBase) -> PolicyInputs:
 
 
 def _input_assistant_masks(
-    td: TensorDictBase, policy: LLMWrapperBase, rows: list[torch.Tensor]
+    td: TensorDictBase, spec: PolicyIOSpec, rows: list[torch.Tensor]
 ) -> list[torch.Tensor] | None:
     """Assistant masks over ``full`` carried by the input (e.g. from the sampling policy), which
     also mark earlier assistant turns of a multi-turn prompt."""
-    masks = get_input(td, policy.keys["masks"], required=False)
+    masks = get_input(td, spec.keys["masks"], required=False)
     if not isinstance(masks, Masks) or not masks.has("assistant"):
         return None
     if not masks.is_padded:
@@ -174,22 +173,22 @@ def _input_assistant_masks(
 
 
 def _token_rows(
-    td: TensorDictBase, policy: LLMWrapperBase, container: Tokens, name: str
+    td: TensorDictBase, spec: PolicyIOSpec, container: Tokens, name: str
 ) -> list[torch.Tensor] | None:
     if not container.has(name):
         return None
     if not container.is_padded:
         return container.as_list(name)
-    masks = get_input(td, (policy.keys["masks"], name), required=False)
+    masks = get_input(td, (spec.keys["masks"], name), required=False)
     if masks is None:
         raise InputKeyError(
-            f"padded tokens need their masks: ({policy.keys['masks']!r}, {name!r}) is missing"
+            f"padded tokens need their masks: ({spec.keys['masks']!r}, {name!r}) is missing"
         )
     return unpad_sequences(getattr(container, name), masks)
 
 
-def _encode(policy: LLMWrapperBase, text: str) -> torch.Tensor:
-    ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+def _encode(spec: PolicyIOSpec, text: str) -> torch.Tensor:
+    ids = spec.tokenizer(text, add_special_tokens=False)["input_ids"]
     return torch.tensor(ids, dtype=torch.long)
 
 

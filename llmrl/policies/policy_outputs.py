@@ -9,39 +9,40 @@ containers are padded (prompts left, responses right, see :mod:`llmrl.data.paddi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase, lazy_stack
 
 from llmrl.data import ChatHistory, History, LogProbs, Masks, Text, Tokens, pad_sequences
-
-if TYPE_CHECKING:
-    from llmrl.policies.base import GeneratedSample, LLMWrapperBase, ScoreResult
-    from llmrl.policies.policy_inputs import PolicyInputs
+from llmrl.policies.io_spec import GeneratedSample, PolicyIOSpec, ScoreResult
+from llmrl.policies.policy_inputs import PolicyInputs
 
 
 def write_outputs(
-    policy: LLMWrapperBase,
+    spec: PolicyIOSpec,
     td: TensorDictBase,
     inputs: PolicyInputs,
     samples: list[GeneratedSample] | None = None,
     scores: ScoreResult | None = None,
 ) -> TensorDictBase:
-    """The output batch: ``[B]`` when scoring, ``[B, G]`` when sampling G > 1 per prompt."""
+    """The output batch: ``[B]`` when scoring, ``[B, G]`` when sampling G > 1 per prompt.
+
+    Keys, layout, sample count and decoding are ``spec``'s; ``samples`` (when sampling) or
+    ``scores`` (when scoring) are the backend's results for the ``inputs`` read from ``td``."""
     if samples is not None:
-        return _write_samples(policy, td, inputs, samples)
+        return _write_samples(spec, td, inputs, samples)
     assert scores is not None
-    return _write_scores(policy, td, inputs, scores)
+    return _write_scores(spec, td, inputs, scores)
 
 
 def _write_samples(
-    policy: LLMWrapperBase,
+    spec: PolicyIOSpec,
     td: TensorDictBase,
     inputs: PolicyInputs,
     samples: list[GeneratedSample],
 ) -> TensorDictBase:
-    group = policy.num_samples
+    group = spec.num_samples
     batch = td.batch_size[0]
     if len(samples) != batch * group:
         raise RuntimeError(
@@ -56,25 +57,25 @@ def _write_samples(
     response_assistant = [torch.ones_like(r, dtype=torch.bool) for r in responses]
 
     tokens = Tokens.from_sequences(prompt=prompts, response=responses)
-    _set_token_aligned(policy, out, tokens, prompt_assistant, response_assistant)
-    if policy.return_log_probs:
+    _set_token_aligned(spec, out, tokens, prompt_assistant, response_assistant)
+    if spec.return_log_probs:
         log_probs = LogProbs.from_sequences(response=[s.log_probs for s in samples])
-        _set_log_probs(policy, out, log_probs)
+        _set_log_probs(spec, out, log_probs)
 
-    texts = [policy.decode_response(sample) for sample in samples]
+    texts = [spec.decode_response(sample) for sample in samples]
     prompt_text = [inputs.prompt_text[i] for i in index.tolist()] if inputs.prompt_text else None
-    out.set(policy.keys["text"], Text.from_strings(prompt=prompt_text, response=texts))
+    out.set(spec.keys["text"], Text.from_strings(prompt=prompt_text, response=texts))
     if inputs.prompt_history is not None:
         replies = [
             {
                 "role": "assistant",
-                "content": policy.decode_response(sample, content_only=True),
+                "content": spec.decode_response(sample, content_only=True),
                 "is_complete": sample.finished,
             }
             for sample in samples
         ]
         out.set(
-            policy.keys["history"],
+            spec.keys["history"],
             ChatHistory.from_histories(
                 inputs.prompt_history[index], History.from_messages(replies)
             ),
@@ -83,7 +84,7 @@ def _write_samples(
 
 
 def _write_scores(
-    policy: LLMWrapperBase, td: TensorDictBase, inputs: PolicyInputs, scores: ScoreResult
+    spec: PolicyIOSpec, td: TensorDictBase, inputs: PolicyInputs, scores: ScoreResult
 ) -> TensorDictBase:
     out = td.clone(False)
     fulls = inputs.full_tokens
@@ -93,22 +94,22 @@ def _write_scores(
     assistant = inputs.assistant_masks
     if prompts is not None and assistant is not None:
         split = [(a[: len(p)], a[len(p) :]) for a, p in zip(assistant, prompts, strict=True)]
-        _set_token_aligned(policy, out, tokens, [s[0] for s in split], [s[1] for s in split])
+        _set_token_aligned(spec, out, tokens, [s[0] for s in split], [s[1] for s in split])
     else:
-        _set_token_aligned(policy, out, tokens, None, None, full_assistant=assistant)
-    if policy.return_log_probs:
+        _set_token_aligned(spec, out, tokens, None, None, full_assistant=assistant)
+    if spec.return_log_probs:
         log_probs = _per_token(scores.log_probs, fulls, prompts)
-        _set_log_probs(policy, out, log_probs)
+        _set_log_probs(spec, out, log_probs)
     if scores.entropy is not None:
-        _set_log_probs(policy, out, _per_token(scores.entropy, fulls, prompts), "entropy")
+        _set_log_probs(spec, out, _per_token(scores.entropy, fulls, prompts), "entropy")
     if scores.logits is not None:
         logits = [scores.logits[row, : len(full)] for row, full in enumerate(fulls)]
         out.set(
             "logits",
-            pad_sequences(logits, "right", 0.0)[0] if policy.pad_output else lazy_stack(logits),
+            pad_sequences(logits, "right", 0.0)[0] if spec.pad_output else lazy_stack(logits),
         )
-    if inputs.full_text is not None and policy.input_mode != "text":
-        out.set(policy.keys["text"], Text.from_strings(full=inputs.full_text))
+    if inputs.full_text is not None and spec.input_mode != "text":
+        out.set(spec.keys["text"], Text.from_strings(full=inputs.full_text))
     return out
 
 
@@ -137,16 +138,16 @@ def _split_like_prompts(
 
 
 def _set_token_aligned(
-    policy: LLMWrapperBase,
+    spec: PolicyIOSpec,
     out: TensorDictBase,
     tokens: Tokens,
     prompt_assistant: list[torch.Tensor] | None,
     response_assistant: list[torch.Tensor] | None,
     full_assistant: list[torch.Tensor] | None = None,
 ) -> None:
-    """Set ``tokens`` and ``masks``, padded or ragged as the policy asks."""
-    if policy.pad_output:
-        padded, masks = tokens.pad(policy.pad_token_id)
+    """Set ``tokens`` and ``masks``, padded or ragged as ``spec.pad_output`` asks."""
+    if spec.pad_output:
+        padded, masks = tokens.pad(spec.pad_token_id)
         if prompt_assistant is not None and response_assistant is not None:
             masks.assistant = torch.cat(
                 [
@@ -157,12 +158,12 @@ def _set_token_aligned(
             )
         elif full_assistant is not None:
             masks.assistant = pad_sequences(full_assistant, "right", False)[0]
-        out.set(policy.keys["tokens"], padded)
-        out.set(policy.keys["masks"], masks)
+        out.set(spec.keys["tokens"], padded)
+        out.set(spec.keys["masks"], masks)
         return
-    out.set(policy.keys["tokens"], tokens)
+    out.set(spec.keys["tokens"], tokens)
     out.set(
-        policy.keys["masks"],
+        spec.keys["masks"],
         _ragged_masks(tokens, prompt_assistant, response_assistant, full_assistant),
     )
 
@@ -190,10 +191,10 @@ def _ragged_masks(
 
 
 def _set_log_probs(
-    policy: LLMWrapperBase, out: TensorDictBase, log_probs: LogProbs, key: str | None = None
+    spec: PolicyIOSpec, out: TensorDictBase, log_probs: LogProbs, key: str | None = None
 ) -> None:
-    """Set per-token values (padded with 0 or ragged, as the policy asks) at ``key`` (default
-    the log-probs key)."""
-    if policy.pad_output:
+    """Set per-token values (padded with 0 or ragged, as ``spec.pad_output`` asks) at ``key``
+    (default the log-probs key)."""
+    if spec.pad_output:
         log_probs, _ = log_probs.pad(0.0)
-    out.set(key or policy.keys["log_probs"], log_probs)
+    out.set(key or spec.keys["log_probs"], log_probs)
