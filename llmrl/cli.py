@@ -7,11 +7,15 @@ Subcommands so far:
   build time so pods start with the default model ready.
 - ``llmrl prepare [--config YAML] [--set KEY=VALUE ...]``: prepare a task's train/eval dataset
   (see :mod:`llmrl.data.prepare`); prints the resolved config, then the dataset directory as the
-  last line of stdout, so a pipeline can read it with ``tail -n 1``.
+  last line of stdout.
 - ``llmrl sft|grpo|eval --config YAML [--set KEY=VALUE ...]``: the training stages
   (:mod:`llmrl.train`); each prints the resolved config first and a one-line JSON summary of its
   result (final checkpoint, metrics; ``tracking_spool``: spool files left for an MLflow server
   that stayed away) as the last line of stdout.
+
+When ``$LLMRL_RESULT_FILE`` is set, a stage that succeeds also writes its result there
+(``prepare``: ``{"path": <dataset directory>}``), atomically: launchers read that file
+(:mod:`llmrl.stages.result_file`), never the output.
 
 Every failure ends in one line on stderr, ``llmrl COMMAND: error: ...``, naming the field, file
 or row; user text in it is cut to :data:`MAX_WORD_CHARS` and control characters are escaped
@@ -86,6 +90,7 @@ def _prepare(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     print(prepared.path)
+    _write_result({"path": str(prepared.path)})
     return 0
 
 
@@ -120,8 +125,19 @@ def _run_stage(args: argparse.Namespace) -> int:
     spools_before = len(left_spools())
     result = _run_configured(args, overrides, lambda: run(config))
     spools = left_spools()[spools_before:]  # the stage's own
-    print(json.dumps(stage_summary(result, spools), default=str))
+    summary = stage_summary(result, spools)
+    print(json.dumps(summary, default=str))
+    _write_result(summary)
     return 0
+
+
+def _write_result(summary: dict) -> None:
+    """Write ``summary`` to the result file ``$LLMRL_RESULT_FILE`` names, if it names one."""
+    from llmrl.stages.result_file import result_path_from_env, write_result
+
+    path = result_path_from_env()
+    if path is not None:
+        write_result(summary, path)
 
 
 def stage_summary(result: object, spools: list[Path]) -> dict:

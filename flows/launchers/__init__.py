@@ -16,7 +16,6 @@ from flows.launchers.base import (
     StageFailedError,
     StageResult,
     TransientStageError,
-    parse_summary,
     stage_arguments,
 )
 from flows.launchers.kubernetes import KubernetesLauncher
@@ -35,6 +34,5 @@ __all__ = [
     "StageFailedError",
     "StageResult",
     "TransientStageError",
-    "parse_summary",
     "stage_arguments",
 ]

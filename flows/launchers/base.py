@@ -1,29 +1,34 @@
 """What every launcher shares: the :class:`Launcher` protocol, :class:`StageResult`, the stage
-errors a flow reacts to, and how a stage's command line and summary look.
+errors a flow reacts to, a stage's command line, and how its result comes back.
 
-A stage is the ``llmrl`` command (``llmrl prepare|sft|grpo|eval --config YAML --set K=V``). It
-prints its resolved config, then its result as the last line of stdout: the prepared dataset's
-directory for ``prepare``, a one-line JSON object for the others. A launcher runs that command
-somewhere (a local subprocess, a Kubernetes pod) and hands back the parsed result, or raises one
-of three errors whose class tells the flow whether a retry can help:
+A stage is the ``llmrl`` command (``llmrl prepare|sft|grpo|eval --config YAML --set K=V``). A
+launcher runs that command somewhere (a local subprocess, a Kubernetes pod) with
+``$LLMRL_RESULT_FILE`` naming a file the launcher can read (:func:`result_file_env`); the
+command writes its result there when it succeeds (:mod:`llmrl.stages.result_file`): the
+prepared dataset's directory for ``prepare`` (``{"path": ...}``), its JSON summary for the
+others. Whether the stage succeeded is the launcher's to tell (an exit code, a Job's or a
+RayJob's status), and its output is only shown, never parsed. A launcher hands back the result
+(:func:`read_stage_result`), or raises one of three errors whose class tells the flow whether a
+retry can help:
 
 - :class:`StageConfigError`: exit code 2, the config or the data is wrong. Never retried.
 - :class:`TransientStageError`: the launcher's API or the tracking server did not answer.
   Retried with backoff.
 - :class:`StageFailedError`: anything else (a crash, an OOM kill, an image that cannot be
-  pulled). Not retried: the same inputs fail the same way.
+  pulled, a stage that succeeded without writing its result). Not retried: the same inputs fail
+  the same way.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from flows.stages import COMMANDS, output_of
+from flows.stages import COMMANDS
+from llmrl.stages.result_file import RESULT_FILE_ENV, ResultFileError, read_result
 
 STAGE_COMMANDS: tuple[str, ...] = COMMANDS
 """The ``llmrl`` subcommands a launcher runs (from the stage table, :mod:`flows.stages`)."""
@@ -36,9 +41,9 @@ CONFIG_ERROR_EXIT_CODE = 2
 class StageResult:
     """What a finished stage reported.
 
-    ``summary`` is the stage's last stdout line: the parsed JSON object of ``sft``/``grpo``/
-    ``eval``, or ``{"path": <dataset directory>}`` for ``prepare``. ``stdout_tail`` holds the last
-    lines of its output, ``seconds`` the wall time the launcher measured.
+    ``summary`` is the result the stage wrote (its result file): the JSON summary of ``sft``/
+    ``grpo``/``eval``, or ``{"path": <dataset directory>}`` for ``prepare``. ``stdout_tail`` holds
+    the last lines of its output, ``seconds`` the wall time the launcher measured.
     """
 
     summary: dict[str, Any]
@@ -117,36 +122,24 @@ def stage_arguments(
     return arguments
 
 
-def parse_summary(stage: str, lines: Sequence[str]) -> dict[str, Any]:
-    """The result a stage printed last.
+def result_file_env(path: str | Path) -> dict[str, str]:
+    """The environment entry that tells a stage where to write its result."""
+    return {RESULT_FILE_ENV: str(path)}
 
-    ``prepare`` prints a directory: its summary is ``{"path": <last non-empty line>}``. The other
-    stages print a JSON object: the last line that parses as one is the summary (a pod's log may
-    have lines after it, e.g. ``ray job submit``'s closing banner).
+
+def read_stage_result(label: str, path: str | Path) -> dict[str, Any]:
+    """The result a succeeded stage wrote to ``path``.
 
     Raises:
-        StageFailedError: no such line (the stage exited 0 without reporting a result).
+        StageFailedError: the file is missing or not one JSON object (the stage succeeded
+            without reporting a result); the message names the file.
     """
-    text_lines = [line.strip() for line in lines if line.strip()]
-    prints_path = output_of(stage) == "dataset"
-    if prints_path:
-        if text_lines:
-            return {"path": text_lines[-1]}
-    else:
-        for line in reversed(text_lines):
-            if not line.startswith("{"):
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    expected = "a directory" if prints_path else "a one-line JSON summary"
-    tail = "\n".join(text_lines[-5:]) or "(no output)"
-    raise StageFailedError(
-        stage, f"finished without printing {expected} as its last line; output ended with:\n{tail}"
-    )
+    try:
+        return read_result(path)
+    except ResultFileError as error:
+        raise StageFailedError(
+            label, f"succeeded without a usable result: {error} (set by ${RESULT_FILE_ENV})"
+        ) from None
 
 
 def tail_text(lines: Iterable[str], count: int = 20) -> str:

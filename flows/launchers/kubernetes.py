@@ -5,13 +5,27 @@ For one stage run, :class:`KubernetesLauncher`:
 
 1. creates a ConfigMap with the stage's config file, mounted at ``/etc/llmrl/<stage>.yaml``;
 2. creates the Job or RayJob (built by :mod:`flows.launchers.manifests`) and makes it the
-   ConfigMap's owner, so deleting it removes the ConfigMap too;
-3. watches it until it succeeds or fails. After every watch event, and at least every
-   ``watch_window_s``, it lists the run's pods: ``ImagePullBackOff``, ``ErrImagePull``,
-   ``CrashLoopBackOff``, ``OOMKilled`` fail the stage at once with the pod's reason, and so does
-   ``Unschedulable`` (condition ``PodScheduled=False``) once it lasts
-   ``unschedulable_timeout_s``. The driver pod's log is followed into the task's logger;
-4. reads the summary from the driver's log: its last JSON line (``prepare``: its last line).
+   ConfigMap's owner, so deleting it removes the ConfigMap too
+   (:mod:`flows.launchers.k8s_objects`);
+3. watches it until its status says it ended, failing at once on a pod that cannot work, and
+   shows the driver pod's log in the task's logger (:mod:`flows.launchers.k8s_watch`);
+4. decides success or failure from the Job's conditions or the RayJob's ``jobStatus`` /
+   ``jobDeploymentStatus`` (:mod:`flows.launchers.k8s_status`), and reads a succeeded stage's
+   result from its result file.
+
+**Results through the shared volume.** The stage writes its result to
+``<shared_mount_path>/stage-results/<run>.json`` (``$LLMRL_RESULT_FILE``, see
+:mod:`flows.launchers.base`) on the shared claim, which every stage pod mounts, and so does the
+flow-run pod this launcher runs in (the work pool's job template mounts ``shared_claim`` at the
+same ``shared_mount_path``; the pipeline's ``work_dir`` is on it too). A container's
+termination message (``terminationMessagePath``, read back from
+``status.containerStatuses[].state.terminated.message``) cannot do this for a RayJob: its
+entrypoint runs on a Ray node (the head, or the trainer pod for ``sft``) as a child of Ray's job
+supervisor, not as any container's main process, and the one container whose end matches the
+job's, KubeRay's submitter, runs ``ray job submit``, so its termination message is KubeRay's
+(``FallbackToLogsOnError`` would only bring back the log's tail, and only on failure). One
+mechanism serves both kinds; the log is never parsed. The launcher creates the folder before it
+creates anything, so a process that does not see the shared volume fails at once.
 
 When the task is cancelled it deletes what it created; after a failure too, unless
 ``delete_on_failure`` is off. After a success ``ttlSecondsAfterFinished`` cleans up. API errors
@@ -22,14 +36,9 @@ when a launcher talks to a cluster.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
-import threading
 import time
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,28 +49,20 @@ from flows.launchers.base import (
     StageError,
     StageFailedError,
     StageResult,
-    TransientStageError,
-    parse_summary,
+    read_stage_result,
+    result_file_env,
     stage_logger,
     tail_text,
 )
-from flows.launchers.k8s_status import (
-    HINTS,
-    job_outcome,
-    pod_exit_code,
-    pod_problem,
-    rayjob_outcome,
-)
+from flows.launchers.k8s_objects import RAYJOBS, StageObjects
+from flows.launchers.k8s_status import failure
+from flows.launchers.k8s_watch import LogFollower, RunWatcher
 from flows.launchers.manifests import (
     LABEL_FLOW_RUN,
-    LABEL_ROLE,
-    LABEL_RUN,
     RAY_STAGES,
-    build_config_map,
     build_job_manifest,
     build_rayjob_manifest,
     job_resources,
-    owner_reference,
     requested_gpus,
     resource_name,
 )
@@ -70,10 +71,6 @@ from flows.launchers.settings import KubernetesSettings, effective_settings
 if TYPE_CHECKING:
     from llmrl.topology import SchedulingSpec, Topology
 
-DRIVER_ROLES = ("job", "driver")
-TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
-STRICT = "Strict"
-"""fieldValidation of every write: an unknown or duplicate field is an error, not dropped."""
 # ------------------------------------------------------------------------ the launcher
 
 
@@ -119,50 +116,110 @@ class KubernetesLauncher:
     ) -> StageResult:
         """Run the stage on the cluster; see :meth:`flows.launchers.base.Launcher.run`."""
         label = name or stage
-        logger = stage_logger()
         resource = resource_name(label)
-        ray = stage in RAY_STAGES
-        config_text = Path(config_path).read_text(encoding="utf-8") if config_path else None
-        config_map = resource if config_text is not None else None
-        flow_run_id = self.flow_run_id
-        if ray:
-            manifest = build_rayjob_manifest(
-                stage, resource, self.settings, self.topology,
-                overrides=overrides, env=env, config_map=config_map, flow_run_id=flow_run_id,
-            )  # fmt: skip
-        else:
-            manifest = build_job_manifest(
-                stage, resource, self.settings,
-                overrides=overrides, env=env, config_map=config_map,
-                scheduling=self._job_scheduling(stage),
-                resources=job_resources(stage, self.settings, self.topology),
-                flow_run_id=flow_run_id,
-            )  # fmt: skip
+        result_file = self.settings.results_dir / f"{resource}.json"
+        env = {**env, **result_file_env(result_file)}
+        manifest = self._manifest(stage, resource, overrides, env, bool(config_path))
         self._check_gpus(label, manifest)
-        run = _Run(self, label, stage, resource, "rayjob" if ray else "job", logger)
+        self._make_results_dir(label)
+        objects = StageObjects(
+            api_client=self.api(), settings=self.settings, label=label, stage=stage,
+            name=resource, kind="rayjob" if stage in RAY_STAGES else "job", logger=stage_logger(),
+        )  # fmt: skip
+        config_text = Path(config_path).read_text(encoding="utf-8") if config_path else None
         start = time.monotonic()
         try:
+            summary, follower = self._launch_and_wait(objects, manifest, config_text, result_file)
+        finally:
+            result_file.unlink(missing_ok=True)
+        seconds = time.monotonic() - start
+        objects.logger.info("%s: finished in %.1f s", label, seconds)
+        details = {"kind": manifest["kind"], "name": resource, "namespace": objects.namespace}
+        return StageResult(summary, tail_text(follower.lines), seconds, details)
+
+    def _launch_and_wait(
+        self,
+        objects: StageObjects,
+        manifest: dict[str, Any],
+        config_text: str | None,
+        result_file: Path,
+    ) -> tuple[dict[str, Any], LogFollower]:
+        """Create the run's objects, wait until it succeeds, read its result: the result and
+        the followed log. A failed run (or one without a usable result), a cancelled or an
+        interrupted one is deleted (a failed one unless ``delete_on_failure`` is off) and its
+        error raised."""
+        logger, label = objects.logger, objects.label
+        follower = LogFollower(objects)
+        try:
             if config_text is not None:
-                run.create_config_map(config_text, flow_run_id)
-            run.create(manifest)
-            logger.info("%s: created %s %s/%s", label, manifest["kind"], run.namespace, resource)
-            summary = run.wait()
-            if ray:  # the Ray cluster is gone already (TTL 0); the RayJob and submitter go too
-                run.delete()
+                objects.create_config_map(config_text, self.flow_run_id)
+            objects.create(manifest)
+            logger.info("%s: created %s %s/%s", label, manifest["kind"], objects.namespace,
+                        objects.name)  # fmt: skip
+            outcome = RunWatcher(objects, follower=follower).wait()
+            follower.join()
+            if outcome.state != "succeeded":
+                raise failure(label, objects.kind, outcome, follower.tail(list(outcome.pods)))
+            summary = read_stage_result(label, result_file)
+            if objects.kind == "rayjob":  # its Ray cluster is gone already (TTL 0): delete it
+                objects.delete()
         except StageError:
             if self.settings.delete_on_failure:
-                run.delete()
+                objects.delete()
             else:
-                logger.warning("%s: kept %s/%s for inspection", label, run.kind, resource)
+                logger.warning("%s: kept %s/%s for inspection", label, objects.kind, objects.name)
             raise
         except BaseException:
-            logger.warning("%s: cancelled; deleting %s %s", label, run.kind, resource)
-            run.delete()
+            logger.warning("%s: cancelled; deleting %s %s", label, objects.kind, objects.name)
+            objects.delete()
             raise
-        seconds = time.monotonic() - start
-        logger.info("%s: finished in %.1f s", label, seconds)
-        details = {"kind": manifest["kind"], "name": resource, "namespace": run.namespace}
-        return StageResult(summary, tail_text(run.log_lines), seconds, details)
+        return summary, follower
+
+    def _manifest(
+        self,
+        stage: str,
+        resource: str,
+        overrides: Sequence[str],
+        env: Mapping[str, str],
+        has_config: bool,
+    ) -> dict[str, Any]:
+        """The RayJob (a Ray stage) or Job of one run; ``has_config``: a ConfigMap named
+        ``resource`` holds the stage's config file."""
+        config_map = resource if has_config else None
+        if stage in RAY_STAGES:
+            return build_rayjob_manifest(
+                stage, resource, self.settings, self.topology, overrides=overrides, env=env,
+                config_map=config_map, flow_run_id=self.flow_run_id,
+            )  # fmt: skip
+        return build_job_manifest(
+            stage, resource, self.settings, overrides=overrides, env=env, config_map=config_map,
+            scheduling=self._job_scheduling(stage),
+            resources=job_resources(stage, self.settings, self.topology),
+            flow_run_id=self.flow_run_id,
+        )  # fmt: skip
+
+    def _make_results_dir(self, label: str) -> None:
+        """Create the folder on the shared claim where stages write their results (this
+        process must see the volume to read them).
+
+        Raises:
+            StageConfigError: no shared claim, or its folder cannot be created here.
+        """
+        settings = self.settings
+        if not settings.shared_claim:
+            raise StageConfigError(
+                label, "kubernetes.shared_claim is empty: stages hand their results back "
+                "through a file on the shared claim",
+            )  # fmt: skip
+        folder = settings.results_dir
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StageConfigError(
+                label, f"cannot create {folder}, where stages write their results ({error}): run "
+                f"the flow where the claim {settings.shared_claim} is mounted at "
+                f"{settings.shared_mount_path} (the work pool's flow-run pods are)",
+            ) from None  # fmt: skip
 
     @property
     def flow_run_id(self) -> str | None:
@@ -270,13 +327,13 @@ def delete_flow_run_resources(
     custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
     deleted: list[str] = []
     rayjobs = custom.list_namespaced_custom_object(
-        "ray.io", "v1", namespace, "rayjobs", label_selector=selector
+        **RAYJOBS, namespace=namespace, label_selector=selector
     )
     for item in rayjobs.get("items") or []:
         name = item["metadata"]["name"]
         _ignore_missing(
             custom.delete_namespaced_custom_object,
-            "ray.io", "v1", namespace, "rayjobs", name, propagation_policy="Background",
+            **RAYJOBS, namespace=namespace, name=name, propagation_policy="Background",
         )  # fmt: skip
         deleted.append(f"RayJob/{name}")
     for job in batch.list_namespaced_job(namespace, label_selector=selector).items:
@@ -297,254 +354,3 @@ def _ignore_missing(delete: Any, *args: Any, **kwargs: Any) -> None:
     except ApiException as error:
         if error.status != 404:
             raise
-
-
-class _Run:
-    """One stage run on the cluster: what was created, its pods, its driver's log."""
-
-    def __init__(
-        self, launcher: KubernetesLauncher, label: str, stage: str, name: str, kind: str, logger
-    ) -> None:
-        from kubernetes import client
-
-        self.settings = launcher.settings
-        self.label, self.stage, self.name, self.kind, self.logger = label, stage, name, kind, logger
-        self.namespace = self.settings.namespace
-        api = launcher.api()
-        self.core, self.batch = client.CoreV1Api(api), client.BatchV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.created: list[str] = []  # "configmap" / "job" / "rayjob"
-        self.owners: list[dict[str, Any]] = []  # the ConfigMap's owners besides its stage
-        self.log_lines: deque[str] = deque(maxlen=2000)
-        self._followed: dict[str, threading.Thread] = {}
-        self._unschedulable_since: dict[str, float] = {}
-
-    # -- creation and deletion
-
-    def create_config_map(self, config_text: str, flow_run_id: str | None) -> None:
-        body = build_config_map(self.name, self.namespace, self.stage, config_text, flow_run_id)
-        self.owners = [owner_reference(self.settings)] if self.settings.owner_pod else []
-        if self.owners:  # gone with the flow run even if the Job below is never created
-            body["metadata"]["ownerReferences"] = list(self.owners)
-        with self.api_errors("creating the ConfigMap"):
-            self.core.create_namespaced_config_map(self.namespace, body, field_validation=STRICT)
-        self.created.append("configmap")
-
-    def create(self, manifest: dict[str, Any]) -> None:
-        with self.api_errors(f"creating the {manifest['kind']}"):
-            if self.kind == "rayjob":
-                created = self.custom.create_namespaced_custom_object(
-                    "ray.io", "v1", self.namespace, "rayjobs", manifest, field_validation=STRICT
-                )
-                uid = created["metadata"]["uid"]
-            else:
-                created = self.batch.create_namespaced_job(
-                    self.namespace, manifest, field_validation=STRICT
-                )
-                uid = created.metadata.uid
-        self.created.append(self.kind)
-        if "configmap" in self.created:  # deleting the job deletes its config
-            owner = {
-                "apiVersion": manifest["apiVersion"],
-                "kind": manifest["kind"],
-                "name": self.name,
-                "uid": uid,
-            }
-            patch = {"metadata": {"ownerReferences": [*self.owners, owner]}}
-            with self.api_errors("adopting the ConfigMap"):
-                self.core.patch_namespaced_config_map(
-                    self.name, self.namespace, patch, field_validation=STRICT
-                )
-
-    def delete(self) -> None:
-        """Delete what this run created (best effort: errors are logged, not raised)."""
-        for what in reversed(self.created):
-            try:
-                if what == "rayjob":
-                    self.custom.delete_namespaced_custom_object(
-                        "ray.io", "v1", self.namespace, "rayjobs", self.name,
-                        propagation_policy="Background",
-                    )  # fmt: skip
-                elif what == "job":
-                    self.batch.delete_namespaced_job(
-                        self.name, self.namespace, propagation_policy="Background"
-                    )
-                else:
-                    self.core.delete_namespaced_config_map(self.name, self.namespace)
-                self.logger.info("%s: deleted %s %s", self.label, what, self.name)
-            except Exception as error:  # cleanup must not hide the real error
-                if getattr(error, "status", None) != 404:
-                    self.logger.warning("%s: could not delete %s: %s", self.label, what, error)
-        self.created.clear()
-
-    # -- waiting
-
-    def wait(self) -> dict[str, Any]:
-        """Watch until the run ends; the parsed summary, or a StageError."""
-        from kubernetes import watch
-
-        outcome_of = rayjob_outcome if self.kind == "rayjob" else job_outcome
-        resource_version: str | None = None
-        failing_since: float | None = None
-        while True:
-            try:
-                with self.api_errors(f"watching the {self.kind}"):
-                    kwargs = {
-                        "namespace": self.namespace,
-                        "field_selector": f"metadata.name={self.name}",
-                    }
-                    if not resource_version:  # list, then watch from there
-                        obj = self._current(kwargs)
-                        resource_version = obj["metadata"].get("resourceVersion")
-                        state, message = outcome_of(obj)
-                        pods = self.check_pods()
-                        if state != "running":
-                            return self.finish(state, message, pods)
-                    kwargs["resource_version"] = resource_version
-                    for event in watch.Watch().stream(
-                        self._list_function(), timeout_seconds=self.settings.watch_window_s,
-                        **self._list_args(), **kwargs,
-                    ):  # fmt: skip
-                        obj = event["raw_object"]
-                        if event["type"] == "DELETED":
-                            raise StageFailedError(self.label, f"{self.name} was deleted")
-                        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
-                        state, message = outcome_of(obj)
-                        pods = self.check_pods()
-                        if state != "running":
-                            return self.finish(state, message, pods)
-                    self.check_pods()
-                failing_since = None
-            except TransientStageError as error:
-                resource_version = None
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > self.settings.api_retry_s:
-                    raise
-                self.logger.warning("%s: %s; watching again", self.label, error.message)
-                time.sleep(min(5.0, self.settings.watch_window_s))
-
-    def _current(self, selection: dict[str, Any]) -> dict[str, Any]:
-        """The run's Job or RayJob as it is now. A watch only reports changes, so one started
-        after the object was deleted (e.g. garbage-collected with the flow-run pod) would wait
-        forever: an object that is gone fails the stage here."""
-        response = self._list_function()(**self._list_args(), **selection, _preload_content=False)
-        items = json.loads(response.data).get("items") or []
-        if not items:
-            raise StageFailedError(self.label, f"{self.name} was deleted")
-        return items[0]
-
-    def _list_function(self) -> Any:
-        if self.kind == "rayjob":
-            return self.custom.list_namespaced_custom_object
-        return self.batch.list_namespaced_job
-
-    def _list_args(self) -> dict[str, Any]:
-        if self.kind == "rayjob":
-            return {"group": "ray.io", "version": "v1", "plural": "rayjobs"}
-        return {}
-
-    def check_pods(self) -> list[dict[str, Any]]:
-        """List the run's pods; raise on a fatal pod problem; follow new driver pods' logs."""
-        selector = f"{LABEL_RUN}={self.name}"
-        with self.api_errors("listing pods"):
-            response = self.core.list_namespaced_pod(
-                self.namespace, label_selector=selector, _preload_content=False
-            )
-            pods = json.loads(response.data).get("items") or []
-        now = time.monotonic()
-        for pod in pods:
-            pod_name = pod["metadata"]["name"]
-            problem = pod_problem(pod)
-            if problem and problem[0] == "Unschedulable":
-                first = self._unschedulable_since.setdefault(pod_name, now)
-                if now - first < self.settings.unschedulable_timeout_s:
-                    continue
-            elif problem is None:
-                self._unschedulable_since.pop(pod_name, None)
-            if problem:
-                reason, description = problem
-                raise StageFailedError(self.label, self._explain(reason, description))
-            role = (pod["metadata"].get("labels") or {}).get(LABEL_ROLE)
-            phase = (pod.get("status") or {}).get("phase")
-            started = phase in ("Running", "Succeeded", "Failed")
-            if role in DRIVER_ROLES and started and pod_name not in self._followed:
-                self._followed[pod_name] = self._follow(pod_name)
-        return pods
-
-    def finish(self, state: str, message: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
-        """The summary of a succeeded run, or the error of a failed one."""
-        for thread in self._followed.values():
-            thread.join(timeout=10)
-        drivers = [
-            p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) in DRIVER_ROLES
-        ]
-        drivers.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        lines = self._driver_log(drivers[-1]["metadata"]["name"]) if drivers else []
-        lines = lines or list(self.log_lines)
-        if state == "succeeded":
-            return parse_summary(self.stage, lines)
-        tail = tail_text(lines) or "(no log)"
-        exit_code = pod_exit_code(drivers[-1]) if drivers and self.kind == "job" else None
-        if exit_code == 2 or re.search(r"exit code 2\b", message):
-            raise StageConfigError(self.label, f"bad config or data (exit code 2):\n{tail}")
-        raise StageFailedError(self.label, f"{message}\n{tail}")
-
-    def _explain(self, reason: str, description: str) -> str:
-        hint = HINTS.get(reason)
-        tail = tail_text(self.log_lines, 10)
-        text = f"{description} ({hint})" if hint else description
-        return f"{text}\nlast log lines:\n{tail}" if tail else text
-
-    def _driver_log(self, pod_name: str) -> list[str]:
-        try:
-            text = self.core.read_namespaced_pod_log(pod_name, self.namespace)
-        except Exception as error:  # fall back to the followed lines
-            self.logger.warning("%s: could not read %s's log: %s", self.label, pod_name, error)
-            return []
-        return str(text).splitlines()
-
-    def _follow(self, pod_name: str) -> threading.Thread:
-        """A thread streaming a pod's log lines into the logger and ``log_lines``."""
-        from kubernetes import watch
-
-        def follow() -> None:
-            try:
-                stream = watch.Watch().stream(
-                    self.core.read_namespaced_pod_log, name=pod_name, namespace=self.namespace
-                )
-                for line in stream:
-                    self.log_lines.append(line)
-                    if line.strip():
-                        self.logger.info("[%s] %s", self.label, line)
-            except Exception as error:  # the final log read covers the summary
-                self.logger.debug("%s: log stream of %s ended: %s", self.label, pod_name, error)
-
-        thread = threading.Thread(target=follow, name=f"log-{pod_name}", daemon=True)
-        thread.start()
-        return thread
-
-    @contextlib.contextmanager
-    def api_errors(self, what: str) -> Iterator[None]:
-        """Turn Kubernetes API errors into stage errors: 429/5xx/unreachable are transient."""
-        import urllib3
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            yield
-        except ApiException as error:
-            status = int(error.status or 0)
-            detail = _api_message(error)
-            text = f"{what}: the Kubernetes API answered {status} {error.reason}: {detail}"
-            if status in TRANSIENT_STATUSES:
-                raise TransientStageError(self.label, text) from None
-            raise StageFailedError(self.label, text) from None
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as error:
-            text = f"{what}: the Kubernetes API is unreachable: {error}"
-            raise TransientStageError(self.label, text) from None
-
-
-def _api_message(error: Any) -> str:
-    try:
-        return json.loads(error.body).get("message", "")
-    except (TypeError, ValueError, AttributeError):
-        return str(error.body or "")[:500]

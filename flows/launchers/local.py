@@ -1,5 +1,9 @@
 """Run a stage as a local subprocess: ``python -m llmrl.cli <stage> --config ... --set ...``.
 
+The child writes its result to a file in a private temporary folder (``$LLMRL_RESULT_FILE``,
+see :mod:`flows.launchers.base`): exit code 0 and that file are the stage's result; its output is
+only shown.
+
 The child's stdout and stderr lines go to the Prefect task's logger as they come, so the
 Prefect UI shows a stage's progress live. The child runs in its own process group: when the
 task is cancelled (Ctrl-C, Prefect cancellation, any exception reaching the launcher) the
@@ -17,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -30,7 +35,8 @@ from flows.launchers.base import (
     StageFailedError,
     StageResult,
     TransientStageError,
-    parse_summary,
+    read_stage_result,
+    result_file_env,
     stage_arguments,
     stage_logger,
     tail_text,
@@ -82,9 +88,17 @@ class LocalLauncher:
     ) -> StageResult:
         """Run the stage to completion; see :meth:`flows.launchers.base.Launcher.run`."""
         name = name or stage
-        logger = stage_logger()
         argv = [*self.command, *stage_arguments(stage, config_path, overrides)]
-        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        with tempfile.TemporaryDirectory(prefix="llmrl-result-") as folder:
+            result_file = Path(folder) / "result.json"
+            child_env = {**os.environ, **env, **result_file_env(result_file)}
+            return self._run(name, argv, {**child_env, "PYTHONUNBUFFERED": "1"}, result_file)
+
+    def _run(
+        self, name: str, argv: list[str], child_env: dict[str, str], result_file: Path
+    ) -> StageResult:
+        """Run ``argv`` to completion, streaming its output; its result from ``result_file``."""
+        logger = stage_logger()
         logger.info("%s: running %s", name, " ".join(argv))
         stdout: deque[str] = deque(maxlen=self.tail_lines)
         stderr: deque[str] = deque(maxlen=self.tail_lines)
@@ -118,7 +132,7 @@ class LocalLauncher:
         seconds = time.monotonic() - start
         if code != 0:
             raise _failure(name, code, list(stderr))
-        summary = parse_summary(stage, list(stdout))
+        summary = read_stage_result(name, result_file)
         logger.info("%s: finished in %.1f s", name, seconds)
         return StageResult(summary=summary, stdout_tail=tail_text(stdout), seconds=seconds)
 

@@ -39,6 +39,8 @@ POD_ROLES: tuple[str, ...] = (
     "env-workers",
 )
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+RESULTS_FOLDER = "stage-results"
+"""The folder under ``shared_mount_path`` that holds the stages' result files."""
 
 # The "restricted" Pod Security Standard: a non-root uid, the runtime's seccomp profile, no
 # privilege escalation and no capabilities. The container part is always applied, so a pod
@@ -142,7 +144,12 @@ class KubernetesSettings(BaseModel):
         description="PersistentVolumeClaim mounted in every stage pod (datasets, checkpoints); "
         "the pipeline's work_dir must be on it",
     )
-    shared_mount_path: str = Field("/shared", description="where shared_claim is mounted")
+    shared_mount_path: str = Field(
+        "/shared",
+        description="where shared_claim is mounted, in the stage pods and in the flow-run pod "
+        "that launches them (stages hand their results back in <shared_mount_path>/"
+        f"{RESULTS_FOLDER})",
+    )
     ttl_seconds_after_finished: int = Field(
         3600,
         ge=0,
@@ -212,6 +219,11 @@ class KubernetesSettings(BaseModel):
         if unknown:
             raise ValueError(f"unknown pod role(s) {unknown}; expected some of {list(POD_ROLES)}")
         return value
+
+    @property
+    def results_dir(self) -> Path:
+        """The folder on the shared claim where stages write their result files."""
+        return Path(self.shared_mount_path) / RESULTS_FOLDER
 
     def role(self, name: str) -> RolePods:
         """The additions of one pod role (empty when not configured)."""

@@ -16,6 +16,7 @@ from flows.launchers.manifests import build_config_map, build_job_manifest, buil
 from llmrl.topology import Topology
 from tests.flows.crd_schema import missing_crds
 from tests.flows.fake_k8s_api import FakeKubernetes
+from tests.flows.fake_k8s_scenario import mounted_claim_path, owner_of
 from tests.flows.rbac import (
     LAUNCHER_USER,
     Attributes,
@@ -67,14 +68,7 @@ def config_map(name: str = "cm", owners: list[dict[str, Any]] | None = None) -> 
 
 
 def owner_ref(obj: dict[str, Any], block: bool = False) -> dict[str, Any]:
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-        "controller": False,
-        "blockOwnerDeletion": block,
-    }
+    return owner_of(obj, controller=False, block=block)
 
 
 # ------------------------------------------------------------------------ RBAC mapping
@@ -405,3 +399,17 @@ def test_a_strategic_merge_patch_of_a_custom_resource_is_415() -> None:
         )
     assert (code, merged) == (415, 200)
     assert status["reason"] == "UnsupportedMediaType"
+
+
+def test_a_pod_writes_to_the_shared_claim_only_below_its_mount() -> None:
+    job = build_job_manifest("eval", "llmrl-eval-0", SETTINGS)  # mounts llmrl-shared at /shared
+    pod = {"spec": job["spec"]["template"]["spec"]}
+    assert str(mounted_claim_path(pod, "llmrl-shared", "/shared/stage-results/x.json")) == (
+        "stage-results/x.json"
+    )
+    assert mounted_claim_path(pod, "llmrl-shared", "/shared-other/x.json") is None  # a sibling
+    assert mounted_claim_path(pod, "llmrl-shared", "/shared") is None  # the mount itself
+    assert mounted_claim_path(pod, "another-claim", "/shared/x.json") is None
+    with FakeKubernetes(rules=None) as fake:
+        assert fake.shared_path(pod, "/shared/a/b.json") == fake.shared_dir / "a" / "b.json"
+        assert fake.shared_path(pod, "/tmp/b.json") is None  # the container's own disk

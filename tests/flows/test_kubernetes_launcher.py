@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.launchers import (
     KubernetesLauncher,
@@ -17,6 +19,7 @@ from flows.launchers import (
 )
 from llmrl.topology import InferenceSpec, Topology, TrainerSpec
 from tests.conftest import send_ctrl_c
+from tests.flows.crd_schema import validate_custom_object
 from tests.flows.fake_k8s_api import FakeKubernetes
 
 pytest.importorskip("kubernetes")
@@ -41,7 +44,9 @@ def _settings(**changes) -> KubernetesSettings:
 
 
 def _launcher(fake: FakeKubernetes, **changes) -> KubernetesLauncher:
-    return KubernetesLauncher(_settings(**changes), api_client=fake.api_client(), topology=TOPOLOGY)
+    """A launcher that, like the flow-run pod, has the fake's shared claim at shared_mount_path."""
+    settings = _settings(shared_mount_path=str(fake.shared_dir), **changes)
+    return KubernetesLauncher(settings, api_client=fake.api_client(), topology=TOPOLOGY)
 
 
 @pytest.fixture
@@ -51,7 +56,7 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_job_stage_creates_config_and_job_watches_and_reads_the_summary(config_file) -> None:
+def test_job_stage_creates_config_and_job_watches_and_reads_the_result_file(config_file) -> None:
     with FakeKubernetes("success", summary=SUMMARY) as fake:
         result = _launcher(fake).run(
             "eval", config_file, ["label=base"], {"MLFLOW_PARENT_RUN_ID": "p1"}, name="eval-base"
@@ -67,6 +72,10 @@ def test_job_stage_creates_config_and_job_watches_and_reads_the_summary(config_f
         "llmrl", "eval", "--config", "/etc/llmrl/eval.yaml", "--no-progress", "--set", "label=base"
     ]  # fmt: skip
     assert {"name": "MLFLOW_PARENT_RUN_ID", "value": "p1"} in container["env"]
+    # The stage wrote its result on the shared claim; the launcher read it and removed it.
+    result_file = fake.shared_dir / "stage-results" / f"{name}.json"
+    assert {"name": "LLMRL_RESULT_FILE", "value": str(result_file)} in container["env"]
+    assert not result_file.exists()
     methods = [(method, path.rsplit("/", 2)[-2:]) for method, path in fake.requests]
     assert methods[:3] == [
         ("POST", ["llmrl", "configmaps"]),
@@ -85,15 +94,18 @@ def test_prepare_job_returns_the_dataset_directory() -> None:
     assert "--config" not in job["spec"]["template"]["spec"]["containers"][0]["command"]
 
 
-def test_rayjob_stage_runs_to_success_and_reads_the_driver_log() -> None:
+def test_rayjob_stage_runs_to_success_and_reads_the_result_file() -> None:
     summary = {"step": 2, "final_checkpoint": "/shared/sft/model", "train_loss": 1.5}
     with FakeKubernetes("success", summary=summary) as fake:
         result = _launcher(fake).run("sft", None, ["steps=2"], {}, name="sft")
-    # The driver's log ends with `ray job submit`'s banner: the last JSON line is the summary.
+    # The entrypoint (on the trainer pod, which mounts the claim) wrote the file it was given in
+    # the job's runtime env.
     assert result.summary == summary
     (rayjob,) = fake.created
     assert rayjob["kind"] == "RayJob"
     assert rayjob["spec"]["entrypoint"] == "llmrl sft --no-progress --set steps=2"
+    env_vars = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env_vars["LLMRL_RESULT_FILE"].startswith(f"{fake.shared_dir}/stage-results/")
     paths = [path for _, path in fake.requests]
     assert "/apis/ray.io/v1/namespaces/llmrl/rayjobs" in paths
 
@@ -162,11 +174,12 @@ def test_api_errors_are_transient_and_leave_nothing_behind(config_file) -> None:
     assert fake.deletes() == [f"/api/v1/namespaces/llmrl/configmaps/{name}"]
 
 
-def test_unreachable_api_is_transient() -> None:
+def test_unreachable_api_is_transient(tmp_path) -> None:
     from kubernetes import client
 
     api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
-    launcher = KubernetesLauncher(_settings(), api_client=api, topology=TOPOLOGY)
+    settings = _settings(shared_mount_path=str(tmp_path))
+    launcher = KubernetesLauncher(settings, api_client=api, topology=TOPOLOGY)
     with pytest.raises(TransientStageError, match="unreachable"):
         launcher.run("prepare", None, [], {})
 
@@ -218,3 +231,78 @@ def test_topology_comes_from_a_file_the_environment_or_the_defaults(tmp_path, mo
     plain.write_text("trainer: {gpus: 2, strategy: single}\n", encoding="utf-8")
     with pytest.raises(StageConfigError, match=r"trainer\.gpus"):
         load_topology(str(plain))
+
+
+@pytest.mark.parametrize(
+    ("stage", "fake_options", "problem"),
+    [
+        ("eval", {"write_result": False}, "does not exist"),
+        ("sft", {"result_text": "{not json"}, "is not JSON"),
+        ("prepare", {"result_text": '["a list"]'}, "holds a list, not a JSON object"),
+    ],
+)
+def test_a_missing_or_corrupt_result_file_fails_naming_the_file(
+    stage: str, fake_options: dict, problem: str
+) -> None:
+    # The log still ends with the summary line, as llmrl prints it: it is never read.
+    with FakeKubernetes("success", summary=SUMMARY, **fake_options) as fake:
+        with pytest.raises(StageFailedError) as caught:
+            _launcher(fake).run(stage, None, [], {})
+        name = fake.created[0]["metadata"]["name"]
+        result_file = fake.shared_dir / "stage-results" / f"{name}.json"
+        assert not result_file.exists()  # removed after reading
+        kind = "rayjobs" if stage == "sft" else "jobs"
+        assert any(path.endswith(f"/{kind}/{name}") for path in fake.deletes())  # a failure
+    printed = fake.summary_path if stage == "prepare" else json.dumps(SUMMARY)
+    assert any(printed in lines for lines in fake.logs.values())
+    message = str(caught.value)
+    assert f"result file {result_file} {problem}" in message
+    assert "LLMRL_RESULT_FILE" in message
+
+
+def test_a_result_written_off_the_shared_claim_never_reaches_the_launcher() -> None:
+    # The pods mount another claim at shared_mount_path: the stage's file is not where the
+    # launcher looks, as on a cluster whose flow-run pod and stage pods mount different claims.
+    fake = FakeKubernetes("success", summary=SUMMARY, shared_claim="another-claim")
+    with fake, pytest.raises(StageFailedError, match=r"result file .*\.json does not exist"):
+        _launcher(fake).run("eval", None, [], {})
+
+
+def test_without_a_shared_volume_the_launcher_refuses_before_creating_anything(tmp_path) -> None:
+    in_the_way = tmp_path / "not-a-folder"
+    in_the_way.write_text("")
+    with FakeKubernetes("success") as fake:
+        with pytest.raises(StageConfigError, match=r"kubernetes\.shared_claim is empty"):
+            _launcher(fake, shared_claim=None).run("eval", None, [], {})
+        launcher = KubernetesLauncher(
+            _settings(shared_mount_path=str(in_the_way)), api_client=fake.api_client()
+        )
+        with pytest.raises(StageConfigError) as caught:
+            launcher.run("eval", None, [], {})
+        assert f"cannot create {in_the_way}/stage-results" in str(caught.value)
+        assert "claim llmrl-shared is mounted" in str(caught.value)
+        assert fake.created == []
+
+
+@pytest.mark.parametrize("stage", ["grpo", "eval"])
+def test_a_run_that_failed_per_its_status_names_the_job_and_its_message(stage: str) -> None:
+    with FakeKubernetes("crash") as fake:
+        with pytest.raises(StageFailedError) as caught:
+            _launcher(fake, delete_on_failure=False).run(stage, None, [], {})
+        (created,) = fake.created
+        name = created["metadata"]["name"]
+        stored = fake.get("rayjobs" if stage == "grpo" else "jobs", "llmrl", name)
+    message = str(caught.value)
+    if stage == "grpo":
+        assert (
+            f"RayJob {name} Failed (job FAILED): AppFailed: "
+            "Job entrypoint command failed with exit code 1"
+        ) in message
+        if fake.kuberay_version:  # the status the fake serves is one the CRD allows
+            assert validate_custom_object(stored, fake.kuberay_version) == []
+    else:
+        assert (
+            f"Job {name} failed: BackoffLimitExceeded: Job has reached the specified backoff limit"
+        ) in message
+    assert "RuntimeError: boom" in message  # the driver's log, for the user
+    assert not isinstance(caught.value, StageConfigError)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import textwrap
 import threading
@@ -18,9 +19,9 @@ from flows.launchers import (
     StageFailedError,
     StageResult,
     TransientStageError,
-    parse_summary,
     stage_arguments,
 )
+from llmrl.stages.result_file import read_result, write_result
 from tests.conftest import send_ctrl_c
 
 
@@ -44,14 +45,13 @@ def test_stage_arguments_put_overrides_after_the_config() -> None:
         stage_arguments("train", None, [])
 
 
-def test_parse_summary_reads_the_last_json_line_or_the_last_path() -> None:
-    lines = ["seed: 0", '{"step": 1}', '{"step": 2, "final_checkpoint": "/c"}', "---", "done"]
-    assert parse_summary("sft", lines) == {"step": 2, "final_checkpoint": "/c"}
-    assert parse_summary("prepare", ["task: x", "/data/prepared/x-1", ""]) == {
-        "path": "/data/prepared/x-1"
-    }
-    with pytest.raises(StageFailedError, match="without printing a one-line JSON summary"):
-        parse_summary("eval", ["seed: 0", "{not json"])
+def test_a_result_file_is_written_whole_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "results" / "eval.json"
+    write_result({"accuracy": 0.5, "checkpoint": tmp_path}, path)
+    assert read_result(path) == {"accuracy": 0.5, "checkpoint": str(tmp_path)}
+    assert [p.name for p in path.parent.iterdir()] == ["eval.json"]  # no temporary left
+    write_result({"accuracy": 0.75}, path)  # replaced, never appended to
+    assert read_result(path) == {"accuracy": 0.75}
 
 
 class _Lines(logging.Handler):
@@ -77,7 +77,7 @@ def test_prepare_runs_and_returns_the_dataset_directory(tmp_path: Path) -> None:
     assert dataset.parent == tmp_path
     assert (dataset / "manifest.json").is_file()
     assert result.seconds > 0
-    assert str(dataset) in result.stdout_tail
+    assert str(dataset) in result.stdout_tail  # printed too, for people
     # Both streams reached the logger as the child wrote them.
     logged = "\n".join(handler.lines)
     assert "[prepare] task: arithmetic" in logged  # stdout: the resolved config
@@ -144,7 +144,9 @@ def test_env_and_arguments_reach_the_child() -> None:
         _script(
             """
             import json, os, sys
-            print(json.dumps({"argv": sys.argv[1:], "parent": os.environ["MLFLOW_PARENT_RUN_ID"]}))
+            summary = {"argv": sys.argv[1:], "parent": os.environ["MLFLOW_PARENT_RUN_ID"]}
+            with open(os.environ["LLMRL_RESULT_FILE"], "w") as out:
+                json.dump(summary, out)
             """
         )
     )
@@ -155,10 +157,23 @@ def test_env_and_arguments_reach_the_child() -> None:
     }
 
 
-def test_success_without_a_summary_line_is_a_failure() -> None:
-    launcher = LocalLauncher(_script("print('seed: 0')"))
-    with pytest.raises(StageFailedError, match="without printing"):
-        launcher.run("grpo", None, [], env={})
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("print('{\"step\": 2}')", "does not exist"),  # a summary line is not a result
+        ("open(os.environ['LLMRL_RESULT_FILE'], 'w').write('{\"step\": 2')", "is not JSON"),
+        ("open(os.environ['LLMRL_RESULT_FILE'], 'w').write('[2]')", "holds a list"),
+    ],
+)
+def test_success_without_a_usable_result_file_is_a_failure_naming_it(
+    body: str, problem: str
+) -> None:
+    launcher = LocalLauncher(_script(f"import os\nprint('seed: 0')\n{body}"))
+    with pytest.raises(StageFailedError) as caught:
+        launcher.run("grpo", None, [], env={"LLMRL_RESULT_FILE": "/not/this/one.json"})
+    message = str(caught.value)
+    assert re.search(rf"result file /\S*llmrl-result-\S*/result\.json {problem}", message)
+    assert "LLMRL_RESULT_FILE" in message
 
 
 def test_cancellation_terminates_the_whole_process_group(tmp_path: Path, default_sigint) -> None:

@@ -55,7 +55,7 @@ def _launcher(fake: FakeKubernetes, owner: dict[str, Any] | None = None) -> Kube
     if owner is not None and "owner_pod" in KubernetesSettings.model_fields:
         changes["owner_pod"] = {"name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}
     return KubernetesLauncher(
-        _settings(**changes),
+        _settings(shared_mount_path=str(fake.shared_dir), **changes),
         api_client=fake.api_client(),
         topology=Topology.local_default(),
         flow_run_id=FLOW_RUN,

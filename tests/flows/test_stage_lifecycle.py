@@ -27,8 +27,12 @@ GPU_TOPOLOGY = Topology(
 )
 
 
-def _settings(**changes: Any) -> KubernetesSettings:
+def _settings(fake: FakeKubernetes | None = None, **changes: Any) -> KubernetesSettings:
+    """Test settings; with ``fake``, its shared claim is at ``shared_mount_path`` (as in the
+    flow-run pod), where the stages' result files arrive."""
     values = {"watch_window_s": 1, "unschedulable_timeout_s": 0, "api_retry_s": 0, **changes}
+    if fake is not None:
+        values["shared_mount_path"] = str(fake.shared_dir)
     return KubernetesSettings(**values)
 
 
@@ -63,7 +67,7 @@ def test_a_finished_ray_stage_releases_its_cluster_and_is_deleted(tmp_path) -> N
     config.write_text("steps: 2\n")
     with FakeKubernetes("success", summary=SUMMARY) as fake:
         launcher = KubernetesLauncher(
-            _settings(), api_client=fake.api_client(), topology=GPU_TOPOLOGY
+            _settings(fake), api_client=fake.api_client(), topology=GPU_TOPOLOGY
         )
         result = launcher.run("grpo", config, [], {})
         rayjob = next(obj for obj in fake.created if obj.get("kind") == "RayJob")
@@ -98,7 +102,7 @@ def test_stage_objects_carry_the_flow_run_and_its_pod_as_owner(tmp_path, monkeyp
     with FakeKubernetes("success", summary={"accuracy": 0.5}) as fake:
         pod = _flow_run_pod(fake, monkeypatch)
         launcher = KubernetesLauncher(
-            _settings(), api_client=fake.api_client(), topology=GPU_TOPOLOGY, flow_run_id="fr-1"
+            _settings(fake), api_client=fake.api_client(), topology=GPU_TOPOLOGY, flow_run_id="fr-1"
         )
         launcher.run("eval", config, [], {})
     config_map, job = fake.created[:2]
@@ -127,7 +131,7 @@ def test_a_killed_flow_run_pod_takes_its_running_stage_with_it(monkeypatch) -> N
     with FakeKubernetes("hang") as fake:
         pod = _flow_run_pod(fake, monkeypatch)
         launcher = KubernetesLauncher(
-            _settings(), api_client=fake.api_client(), topology=GPU_TOPOLOGY
+            _settings(fake), api_client=fake.api_client(), topology=GPU_TOPOLOGY
         )
         thread, outcome = _run_in_thread(launcher, "grpo", None)
         _wait_for(lambda: len(_stored(fake, "rayjobs")) == 1)
@@ -142,9 +146,9 @@ def test_a_killed_flow_run_pod_takes_its_running_stage_with_it(monkeypatch) -> N
 def test_cancel_hook_deletes_only_the_flow_runs_stages(tmp_path) -> None:
     with FakeKubernetes("hang") as fake:
         client = fake.api_client()
-        ours = KubernetesLauncher(_settings(), api_client=client, topology=GPU_TOPOLOGY,
+        ours = KubernetesLauncher(_settings(fake), api_client=client, topology=GPU_TOPOLOGY,
                                   flow_run_id="fr-ours")  # fmt: skip
-        theirs = KubernetesLauncher(_settings(), api_client=client, topology=GPU_TOPOLOGY,
+        theirs = KubernetesLauncher(_settings(fake), api_client=client, topology=GPU_TOPOLOGY,
                                     flow_run_id="fr-theirs")  # fmt: skip
         ours_thread, ours_outcome = _run_in_thread(ours, "grpo", None)
         theirs_thread, theirs_outcome = _run_in_thread(theirs, "eval", None)
@@ -166,14 +170,14 @@ def test_cancel_hook_deletes_only_the_flow_runs_stages(tmp_path) -> None:
 def test_a_stage_asking_for_more_gpus_than_the_topology_is_refused() -> None:
     cpu_only = Topology.local_default()
     assert cpu_only.total_gpus == 0
-    settings = _settings(jobs={"eval": PodResources(cpus=2, memory_gb=4, gpus=1)})
     with FakeKubernetes("success") as fake:
+        settings = _settings(fake, jobs={"eval": PodResources(cpus=2, memory_gb=4, gpus=1)})
         launcher = KubernetesLauncher(settings, api_client=fake.api_client(), topology=cpu_only)
         with pytest.raises(StageConfigError, match=r"requests 1 GPU\(s\) but the topology has 0"):
             launcher.run("eval", None, [], {})
         assert fake.requests == []  # refused before anything was created
         # Left open (null), eval's GPUs follow the topology: 0 here, and the stage runs.
-        open_gpus = _settings(jobs={"eval": PodResources(cpus=2, memory_gb=4, gpus=None)})
+        open_gpus = _settings(fake, jobs={"eval": PodResources(cpus=2, memory_gb=4, gpus=None)})
         KubernetesLauncher(open_gpus, api_client=fake.api_client(), topology=cpu_only).run(
             "eval", None, [], {}
         )
