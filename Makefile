@@ -182,6 +182,8 @@ bench-learning: $(VENV)/.installed-run
 check-learning: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -m learning -s
 
+# The chart's files generated from llmrl.topology: values.schema.json and the topology guard
+# (templates/_topology_guard.tpl); tests/topology/test_rules.py fails when they are stale.
 chart-schema: $(VENV)/.installed-dev
 	$(BIN)/python scripts/chart_schema.py
 

@@ -1,90 +1,71 @@
-"""Write ``helm/llmrl/values.schema.json`` from the pydantic models, or check it is current.
+"""Write the chart's files generated from llmrl.topology, or check they are current.
 
-The schema is :class:`llmrl.topology.chart_values.ChartValues`' JSON schema (its ``topology``
-section is :class:`llmrl.topology.spec.Topology`'s), converted to what Helm validates values
-with: draft-07, every ``$ref`` into ``$defs`` inlined (with its sibling keywords merged in,
-which draft-07 would otherwise ignore) and ``$defs`` dropped.
+The files are ``helm/llmrl/values.schema.json`` (the values schema, with the topology rules
+JSON Schema can state) and ``helm/llmrl/templates/_topology_guard.tpl`` (every topology rule as a
+Go template ``fail``); :mod:`llmrl.topology.chart_files` renders both.
 
 Usage::
 
-    python scripts/chart_schema.py            # (re)write the schema
-    python scripts/chart_schema.py --check    # exit 1 when the committed schema is stale
+    python scripts/chart_schema.py            # (re)write both files (make chart-schema)
+    python scripts/chart_schema.py --check    # exit 1 when a committed file is stale
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_PATH = ROOT / "helm" / "llmrl" / "values.schema.json"
-DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 
 if str(ROOT) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from llmrl.topology.chart_files import (  # noqa: E402
+    GUARD_FILE,
+    SCHEMA_FILE,
+    generated_files,
+    render_guard,
+    render_schema,
+)
 
-def build_schema() -> dict[str, Any]:
-    """The chart's values schema: ChartValues' JSON schema, refs inlined, as draft-07."""
-    from llmrl.topology.chart_values import ChartValues
+__all__ = ["main", "render_guard", "render_schema"]
 
-    schema = ChartValues.model_json_schema()
-    definitions = schema.pop("$defs", {})
-    inlined = _inline(schema, definitions, ())
-    return {"$schema": DRAFT_07, **inlined}
-
-
-def render_schema() -> str:
-    """The schema file's exact text (2-space indented JSON and a final newline)."""
-    return json.dumps(build_schema(), indent=2, ensure_ascii=False) + "\n"
-
-
-def _inline(node: Any, definitions: dict[str, Any], seen: tuple[str, ...]) -> Any:
-    if isinstance(node, list):
-        return [_inline(item, definitions, seen) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        ref = node["$ref"]
-        name = ref.removeprefix("#/$defs/")
-        if name == ref or name not in definitions:
-            raise ValueError(f"cannot inline $ref {ref!r}: only #/$defs/<name> is supported")
-        if name in seen:
-            raise ValueError(f"cannot inline recursive model {name!r} into a Helm schema")
-        target = _inline(copy.deepcopy(definitions[name]), definitions, (*seen, name))
-        siblings = {key: value for key, value in node.items() if key != "$ref"}
-        return {**target, **_inline(siblings, definitions, seen)}
-    return {key: _inline(value, definitions, seen) for key, value in node.items()}
+SCHEMA_PATH = ROOT / SCHEMA_FILE
+GUARD_PATH = ROOT / GUARD_FILE
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the schema, or with ``--check`` compare it with the committed file."""
+    """Write the files, or with ``--check`` compare them with the committed ones."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 when the schema file is not up to date"
+        "--check", action="store_true", help="exit 1 when a generated file is not up to date"
     )
     parser.add_argument("--output", type=Path, default=SCHEMA_PATH, help="schema file to write")
+    parser.add_argument("--guard", type=Path, default=GUARD_PATH, help="guard template to write")
     args = parser.parse_args(argv)
-    fresh = render_schema()
+    fresh = generated_files()
+    targets = {args.output: fresh[SCHEMA_FILE], args.guard: fresh[GUARD_FILE]}
     if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.is_file() else None
-        if current != fresh:
-            state = "is missing" if current is None else "is out of date"
-            print(
-                f"{args.output} {state}: regenerate it with python scripts/chart_schema.py",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"{args.output} is up to date")
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(fresh, encoding="utf-8")
-    print(f"wrote {args.output}")
+        return _check(targets)
+    for path, text in targets.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
     return 0
+
+
+def _check(targets: dict[Path, str]) -> int:
+    stale = 0
+    for path, text in targets.items():
+        current = path.read_text(encoding="utf-8") if path.is_file() else None
+        if current == text:
+            print(f"{path} is up to date")
+            continue
+        stale += 1
+        state = "is missing" if current is None else "is out of date"
+        print(f"{path} {state}: regenerate it with make chart-schema", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -4,17 +4,18 @@ A :class:`Topology` describes four roles: the inference engines that generate ro
 trainer, the reference model (for the KL penalty) and the CPU environment workers that score
 rollouts. It is the one description both deployments read: the Helm chart renders it into a
 KubeRay ``RayCluster`` (one worker group per role) and :func:`llmrl.topology.place_on_ray`
-turns it into Ray placement groups. Every cross-field rule lives in
-:meth:`Topology._consistent`, and each error line starts with the dotted field it is about, so
-:func:`llmrl.core.config_loading.load_config` reports ``<file>: <field>: <message>``.
+turns it into Ray placement groups. Every cross-field rule is a row of
+:data:`llmrl.topology.rules.RULES`, and each error line starts with the dotted field it is about,
+so :func:`llmrl.core.config_loading.load_config` reports ``<file>: <field>: <message>``.
 
 The trainer runs as :attr:`TrainerSpec.world_size` processes (torch.distributed ranks): one
 per GPU, or ``ranks`` CPU processes when it has no GPUs, so a development cluster can run
 ``ddp`` on CPU.
 
-The simple rules (a transformers engine has no tensor parallelism, ``single`` training is one
-rank, ...) are also written into the JSON schema as ``if``/``then`` clauses, so Helm's
-``values.schema.json`` rejects them before any template renders.
+The rules JSON Schema can state (a transformers engine has no tensor parallelism, ``single``
+training is one rank, ...) are also written into the JSON schema as ``if``/``then`` clauses, so
+Helm's ``values.schema.json`` rejects them before any template renders; the chart's guard
+template, generated from the same rules, checks every one (``make chart-schema``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,25 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmrl.core.config_loading import MAX_CLUSTER, ConfigModel
+from llmrl.topology.rules import ENGINE_GPUS, WORLD_SIZE, problems
+from llmrl.topology.rules import schema_clauses as _schema_clauses
 
 Backend = Literal["vllm", "transformers"]
 Strategy = Literal["single", "ddp", "fsdp"]
 ReferencePlacement = Literal["with_trainer", "dedicated", "none"]
 WeightTransport = Literal["auto", "object_store", "broadcast", "vllm"]
 
-MULTI_GPU_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
-"""Training strategies that spread training over several ranks (need a world size >= 2)."""
+
+def _with_rules(section: str | None) -> ConfigDict:
+    """A model config whose JSON schema carries the ``if``/``then`` clauses of the rules about
+    ``section`` (None: the rules across sections, on the Topology)."""
+
+    def add_clauses(schema: dict[str, Any]) -> None:
+        clauses = _schema_clauses(section, Topology())
+        if clauses:
+            schema["allOf"] = clauses
+
+    return ConfigDict(json_schema_extra=add_clauses)
 
 
 class SchedulingSpec(ConfigModel):
@@ -79,24 +91,7 @@ class InferenceSpec(ConfigModel):
         InferenceSpec(backend="vllm", engines=4, tensor_parallel_size=2)
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "allOf": [
-                {
-                    "if": {
-                        "properties": {"backend": {"const": "transformers"}},
-                        "required": ["backend"],
-                    },
-                    "then": {
-                        "properties": {
-                            "tensor_parallel_size": {"const": 1},
-                            "gpus_per_engine": {"enum": [0, 1, None]},
-                        }
-                    },
-                }
-            ]
-        }
-    )
+    model_config = _with_rules("inference")
 
     backend: Backend = Field(
         "vllm",
@@ -157,9 +152,7 @@ class InferenceSpec(ConfigModel):
     @property
     def engine_gpus(self) -> int:
         """GPUs of each engine: ``gpus_per_engine``, or derived from the backend when unset."""
-        if self.gpus_per_engine is not None:
-            return self.gpus_per_engine
-        return self.tensor_parallel_size if self.backend == "vllm" else 0
+        return ENGINE_GPUS.expr.evaluate(self)
 
 
 class TrainerSpec(ConfigModel):
@@ -174,31 +167,7 @@ class TrainerSpec(ConfigModel):
         TrainerSpec(gpus=0, ranks=2, strategy="ddp", cpus=2)  # two CPU ranks
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "allOf": [
-                {
-                    "if": {"properties": {"strategy": {"const": "single"}}},
-                    "then": {"properties": {"gpus": {"maximum": 1}, "ranks": {"enum": [1, None]}}},
-                },
-                {
-                    "if": {
-                        "properties": {"strategy": {"enum": list(MULTI_GPU_STRATEGIES)}},
-                        "required": ["strategy"],
-                    },
-                    "then": {
-                        "anyOf": [
-                            {"required": ["gpus"], "properties": {"gpus": {"minimum": 2}}},
-                            {
-                                "required": ["ranks"],
-                                "properties": {"ranks": {"type": "integer", "minimum": 2}},
-                            },
-                        ]
-                    },
-                },
-            ]
-        }
-    )
+    model_config = _with_rules("trainer")
 
     gpus: int = Field(1, ge=0, le=MAX_CLUSTER, description="GPUs of the trainer (0 trains on CPU)")
     ranks: int | None = Field(
@@ -226,9 +195,7 @@ class TrainerSpec(ConfigModel):
     @property
     def world_size(self) -> int:
         """Trainer processes (torch.distributed ranks): ``ranks``, else ``gpus``, else 1."""
-        if self.ranks is not None:
-            return self.ranks
-        return self.gpus or 1
+        return WORLD_SIZE.expr.evaluate(self)
 
 
 class ReferenceSpec(ConfigModel):
@@ -242,20 +209,7 @@ class ReferenceSpec(ConfigModel):
         ReferenceSpec(placement="dedicated", gpus=1)
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "allOf": [
-                {
-                    "if": {
-                        "properties": {"placement": {"const": "dedicated"}},
-                        "required": ["placement"],
-                    },
-                    "then": {"required": ["gpus"], "properties": {"gpus": {"minimum": 1}}},
-                    "else": {"properties": {"gpus": {"const": 0}}},
-                }
-            ]
-        }
-    )
+    model_config = _with_rules("reference")
 
     placement: ReferencePlacement = Field(
         "with_trainer",
@@ -305,18 +259,7 @@ class Topology(ConfigModel):
         )
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "allOf": [
-                {
-                    "if": {"properties": {"colocated": {"const": True}}, "required": ["colocated"]},
-                    "then": {
-                        "properties": {"inference": {"properties": {"backend": {"const": "vllm"}}}}
-                    },
-                }
-            ]
-        }
-    )
+    model_config = _with_rules(None)
 
     inference: InferenceSpec = Field(
         default_factory=InferenceSpec, description="the rollout engines"
@@ -347,12 +290,9 @@ class Topology(ConfigModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
-        problems = [*self._inference_problems(), *self._trainer_problems()]
-        problems += self._reference_problems()
-        problems += self._colocation_problems()
-        problems += self._transport_problems()
-        if problems:
-            raise ValueError("\n".join(problems))
+        found = problems(self)
+        if found:
+            raise ValueError("\n".join(found))
         return self
 
     @classmethod
@@ -409,112 +349,3 @@ class Topology(ConfigModel):
             + reference
             + self.env_workers.count * self.env_workers.memory_gb
         )
-
-    def _inference_problems(self) -> list[str]:
-        inference = self.inference
-        size, gpus = inference.tensor_parallel_size, inference.engine_gpus
-        if inference.backend == "transformers":
-            problems = []
-            if size != 1:
-                problems.append(
-                    "inference.tensor_parallel_size: the transformers backend runs each engine "
-                    f"as one process and cannot shard it; must be 1 (got {size})"
-                )
-            if gpus > 1:
-                problems.append(
-                    "inference.gpus_per_engine: the transformers backend runs each engine on CPU "
-                    f"or one GPU; must be 0 or 1 (got {gpus}); use backend 'vllm' to shard an "
-                    "engine over several GPUs"
-                )
-            return problems
-        if gpus == 0 and size == 1:
-            return []  # vLLM's CPU build: one engine process on CPU cores
-        if gpus != size:
-            return [
-                "inference.gpus_per_engine: a vllm engine uses one GPU per tensor-parallel rank; "
-                f"must equal inference.tensor_parallel_size ({size}), or be 0 with "
-                f"tensor_parallel_size 1 for vLLM's CPU build; got {gpus}"
-            ]
-        return []
-
-    def _trainer_problems(self) -> list[str]:
-        trainer = self.trainer
-        strategy, gpus, ranks = trainer.strategy, trainer.gpus, trainer.ranks
-        if gpus and ranks is not None and ranks != gpus:
-            return [
-                f"trainer.ranks: each rank of a GPU trainer drives one GPU; must equal "
-                f"trainer.gpus ({gpus}) or be left out (got {ranks}); set trainer.gpus to 0 "
-                "for CPU ranks"
-            ]
-        if strategy == "single" and gpus > 1:
-            return [
-                f"trainer.gpus: strategy 'single' trains in one process on at most 1 GPU (got "
-                f"{gpus}); use strategy 'ddp' or 'fsdp' for more"
-            ]
-        if strategy == "single" and trainer.world_size > 1:
-            return [
-                f"trainer.ranks: strategy 'single' trains in one process; must be 1 or left out "
-                f"(got {ranks}); use strategy 'ddp' or 'fsdp' for several ranks"
-            ]
-        if strategy in MULTI_GPU_STRATEGIES and trainer.world_size < 2:
-            field = "trainer.gpus" if ranks is None else "trainer.ranks"
-            return [
-                f"{field}: strategy '{strategy}' spreads training over several ranks and needs "
-                f"at least 2 (the trainer's world size is {trainer.world_size}); set "
-                "trainer.gpus >= 2 (one rank per GPU), or trainer.gpus 0 and trainer.ranks >= 2 "
-                "to train on CPU, or use strategy 'single'"
-            ]
-        return []
-
-    def _reference_problems(self) -> list[str]:
-        placement, gpus = self.reference.placement, self.reference.gpus
-        if placement == "dedicated" and gpus < 1:
-            return [
-                "reference.gpus: a dedicated reference model runs on its own GPUs; must be > 0 "
-                f"(got {gpus}), or use placement 'with_trainer'"
-            ]
-        if placement != "dedicated" and gpus:
-            return [
-                f"reference.gpus: only a dedicated reference has GPUs of its own; must be 0 for "
-                f"placement '{placement}' (got {gpus})"
-            ]
-        return []
-
-    def _transport_problems(self) -> list[str]:
-        transport, backend = self.weight_transport, self.inference.backend
-        if transport == "vllm" and backend != "vllm":
-            return [
-                "weight_transport: 'vllm' pushes straight into vllm engines; inference.backend "
-                f"is '{backend}' (use 'object_store', 'broadcast' or 'auto')"
-            ]
-        if transport == "broadcast" and backend != "transformers":
-            return [
-                "weight_transport: 'broadcast' sends to transformers engines; for "
-                "inference.backend 'vllm' use 'vllm' (or 'object_store', 'auto')"
-            ]
-        return []
-
-    def _colocation_problems(self) -> list[str]:
-        if not self.colocated:
-            return []
-        inference = self.inference
-        if inference.backend != "vllm":
-            return [
-                "colocated: inference and training share GPUs, which needs the vllm backend "
-                f"(inference.backend is '{inference.backend}')"
-            ]
-        problems = []
-        needed = inference.engines * inference.tensor_parallel_size
-        if self.trainer.gpus != needed:
-            problems.append(
-                "trainer.gpus: colocated inference and training share the same GPUs, so it must "
-                "equal inference.engines * inference.tensor_parallel_size "
-                f"({inference.engines} x {inference.tensor_parallel_size} = {needed}), "
-                f"got {self.trainer.gpus}"
-            )
-        if inference.gpu_memory_utilization >= 1:
-            problems.append(
-                "inference.gpu_memory_utilization: colocated engines share their GPUs with the "
-                "trainer; must be < 1 to leave it memory (e.g. 0.4)"
-            )
-        return problems
