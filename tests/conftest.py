@@ -1,7 +1,13 @@
-"""Session-wide fixtures: an isolated llmrl cache, SmolLM2's tokenizer and a tiny random model.
+"""Fixtures every test folder may use: an isolated llmrl cache, SmolLM2's tokenizer and a tiny
+random model (saved as a model folder too), a prepared arithmetic dataset, a SQLite MLflow store
+and a real MLflow server, a stage's isolated working directory, a local Ray, Prefect's test
+harness and the Helm chart.
 
 The default model is converted from its GGUF once per test session into a temporary cache, so
-the suite never reads or writes the user's ``~/.cache/llmrl``.
+the suite never reads or writes the user's ``~/.cache/llmrl``. Nothing heavy is imported here at
+import time (the GPU machine and the vLLM environment load this file too): each fixture imports
+what it needs. Plain helpers live in :mod:`tests.support`; a folder's own fixtures in its
+conftest.
 """
 
 from __future__ import annotations
@@ -11,11 +17,14 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.mlflow_server import MlflowServer
+from tests.support.ray_local import started_local_ray
 
 _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="llmrl-test-cache-"))
 os.environ["LLMRL_CACHE"] = str(_SESSION_CACHE)
@@ -25,9 +34,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
 
 COSTS_FILE = Path(__file__).with_name("tier_costs.json")
 
@@ -105,7 +111,85 @@ def default_sigint() -> Iterator[None]:
     signal.signal(signal.SIGINT, previous)
 
 
-def send_ctrl_c() -> None:
-    """A real SIGINT to the main thread: unlike ``_thread.interrupt_main()`` it also breaks a
-    blocking read (a pipe, a watch stream) the main thread is waiting in."""
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+# ------------------------------------------------------------------------ training stages
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer, tiny) -> Path:
+    """The session's tiny random Llama saved with SmolLM2's tokenizer (a ``model.name``)."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def arithmetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared arithmetic dataset: 40 train and 10 eval problems (the ``data.path``)."""
+    from llmrl.config import PrepareConfig
+    from llmrl.data.prepare import prepare_dataset
+
+    config = PrepareConfig(
+        generate={"train_size": 40, "eval_size": 10},
+        output_dir=tmp_path_factory.mktemp("prepared"),
+    )
+    return prepare_dataset(config, progress=False).path
+
+
+@pytest.fixture
+def isolated_stage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The test in its own working directory (so ``runs/``, ``mlflow.db`` and the tracking spool
+    never land in the repository), with its own spool and MLflow's system-metrics sampling off.
+    ``tests/train`` and ``tests/runtime`` use it for every test; a module elsewhere asks with
+    ``pytest.mark.usefixtures("isolated_stage")``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LLMRL_MLFLOW_SPOOL", str(tmp_path / "spool"))
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_PARENT_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# ------------------------------------------------------------------------ services
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SQLite MLflow store for the module (creating its tables takes about a second), with
+    the ``llmrl`` experiment's artifacts in a temporary folder: a module may count the runs it
+    logged, whatever modules ran before it on the same worker."""
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("llmrl", artifact_location=(root / "artifacts").as_uri())
+    return uri
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` for the module; ``.uri`` to log to, ``.restart()`` for outages."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_ray(session_cache: Path) -> Iterator[Any]:
+    """A local Ray with 2 CPUs, no dashboard and no auth token, shut down after the module
+    (``session_cache``: started after the session's cache, which its actors read)."""
+    with started_local_ray() as ray:
+        yield ray
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[Any]:
+    """The helm/llmrl chart loaded by the real Helm engine (helm-python-sdk), for the module."""
+    from tests.support.chart import CHART
+
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) renders it")
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded

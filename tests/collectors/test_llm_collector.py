@@ -8,69 +8,13 @@ import sys
 
 import pytest
 import torch
-from tensordict import TensorDictBase
 
 from llmrl.collectors import LLMCollector
-from llmrl.data import ChatHistory, History
 from llmrl.data.replay import ReplayBuffer
-from llmrl.envs import ArithmeticEnv, DatasetChatEnv, EnvTransform, PolicyVersion
+from llmrl.envs import ArithmeticEnv, PolicyVersion
 from llmrl.policies import TransformersWrapper
 from llmrl.transports import InProcessWeightUpdater
-
-
-class CallingPolicy:
-    """A fake history-mode policy: a row whose user message says ``calls=N`` replies 'CALL'
-    until N tool calls were made, then 'done'. Counts its calls and rows."""
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-
-    def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        chats = td.get(("history", "prompt")).to_chats()
-        self.calls.append(len(chats))
-        messages = []
-        for chat in chats:
-            wanted = int(next(m for m in chat if m["role"] == "user")["content"].split("=")[1])
-            made = sum(m["role"] == "assistant" for m in chat)
-            text = "CALL" if made < wanted else "done"
-            messages.append({"role": "assistant", "content": text, "is_complete": True})
-        prompt = td.get(("history", "prompt"))
-        out = td.clone(False)
-        out.set("history", ChatHistory.from_histories(prompt, History.from_messages(messages)))
-        return out
-
-
-class FakeTool(EnvTransform):
-    """Answers 'CALL' replies with a tool message, so the trajectory goes on."""
-
-    is_tool = True
-
-    def on_step(self, td):
-        chats = td.get(("next", "history", "prompt")).to_chats()
-        called = [chat[-1]["content"] == "CALL" for chat in chats]
-        for chat, call in zip(chats, called, strict=True):
-            if call:
-                chat.append({"role": "tool", "content": "ok"})
-        td.set(("next", "history", "prompt"), History.from_chats(chats))
-        td.set("tool_called", td.get("tool_called") | torch.tensor(called))
-        return td
-
-
-# tool calls wanted per prompt, in dataset order: with max_turns=3 these trajectories last
-# 1, 3, 2, 2 turns (two end on the same step) then 3 (truncated), 1, 1 (same step), 3.
-CALLS = [0, 2, 1, 1, 5, 0, 0, 2]
-
-
-def _tool_env(epochs: int | None = None, transforms=()) -> DatasetChatEnv:
-    rows = [{"id": f"p{i}", "prompt": f"calls={n}", "answer": ""} for i, n in enumerate(CALLS)]
-    return DatasetChatEnv(
-        rows,
-        batch_size=4,
-        max_turns=3,
-        shuffle=False,
-        epochs=epochs,
-        transforms=[FakeTool(), *transforms],
-    )
+from tests.support.scripted import CallingPolicy, tool_env
 
 
 def _trajectories(batches) -> dict[int, list]:
@@ -110,7 +54,7 @@ def test_tiny_model_batches_totals_and_policy_versions(tiny, tokenizer):
 
 def test_multi_turn_trajectories_are_yielded_whole_once_and_in_order():
     policy = CallingPolicy()
-    collector = LLMCollector(_tool_env(), policy, dialog_turns_per_batch=5, total_dialog_turns=16)
+    collector = LLMCollector(tool_env(), policy, dialog_turns_per_batch=5, total_dialog_turns=16)
     batches = list(collector)
     assert sum(b.batch_size[0] for b in batches) == 16
     assert all(b.batch_size[0] >= 5 for b in batches)
@@ -134,7 +78,7 @@ def test_multi_turn_trajectories_are_yielded_whole_once_and_in_order():
 
 def test_trajectories_finishing_on_the_same_step_are_all_yielded():
     # a batch per step: the two 2-turn trajectories end together on step 2
-    collector = LLMCollector(_tool_env(), CallingPolicy(), dialog_turns_per_batch=1)
+    collector = LLMCollector(tool_env(), CallingPolicy(), dialog_turns_per_batch=1)
     batches = iter(collector)
     assert next(batches).get("traj_id").tolist() == [0]
     assert next(batches).get("traj_id").tolist() == [2, 2]
@@ -144,7 +88,7 @@ def test_trajectories_finishing_on_the_same_step_are_all_yielded():
 
 def test_transitions_as_they_come_without_waiting_for_trajectories():
     collector = LLMCollector(
-        _tool_env(),
+        tool_env(),
         CallingPolicy(),
         dialog_turns_per_batch=3,
         total_dialog_turns=9,
@@ -160,7 +104,7 @@ def test_transitions_as_they_come_without_waiting_for_trajectories():
 def test_replay_buffer_mode_fills_the_buffer():
     buffer = ReplayBuffer(seed=0)
     collector = LLMCollector(
-        _tool_env(), CallingPolicy(), 8, total_dialog_turns=16, replay_buffer=buffer
+        tool_env(), CallingPolicy(), 8, total_dialog_turns=16, replay_buffer=buffer
     )
     counts = list(collector)
     assert counts == [8, 8]
@@ -170,7 +114,7 @@ def test_replay_buffer_mode_fills_the_buffer():
 
 def test_env_policy_version_transform_is_the_version_source():
     version = PolicyVersion()
-    collector = LLMCollector(_tool_env(transforms=[version]), CallingPolicy(), 4)
+    collector = LLMCollector(tool_env(transforms=[version]), CallingPolicy(), 4)
     batches = iter(collector)
     assert set(next(batches).get("policy_version").tolist()) == {0}
     collector.update_policy_weights_()
@@ -198,26 +142,26 @@ def test_weight_updater_is_called_and_weights_need_one(tiny, tokenizer):
 
 
 def test_checkpoint_resumes_at_the_same_prompts():
-    collector = LLMCollector(_tool_env(), CallingPolicy(), 4)
+    collector = LLMCollector(tool_env(), CallingPolicy(), 4)
     batches = iter(collector)
     next(batches)
     state = collector.state_dict()
     assert state["policy_version"] == 0 and state["stats"]["batches"] == 1
     collector.update_policy_weights_()
     state = collector.state_dict()
-    resumed = LLMCollector(_tool_env(), CallingPolicy(), 4)
+    resumed = LLMCollector(tool_env(), CallingPolicy(), 4)
     resumed.load_state_dict(state)
     assert resumed.policy_version == 1 and resumed.stats == collector.stats
     # the trajectory in flight is not saved: the resumed collector starts at the next reset
     again = next(iter(resumed))
     assert set(again.get("prompt_id").tolist()) <= {"p4", "p5", "p6", "p7"}
     assert again.get("traj_id").min() >= state["next_traj_id"] == 4
-    fresh = next(iter(LLMCollector(_tool_env(), CallingPolicy(), 4)))
+    fresh = next(iter(LLMCollector(tool_env(), CallingPolicy(), 4)))
     assert "p0" in fresh.get("prompt_id").tolist()
 
 
 def test_exhausted_dataset_ends_collection_with_what_is_left():
-    collector = LLMCollector(_tool_env(epochs=1), CallingPolicy(), dialog_turns_per_batch=10)
+    collector = LLMCollector(tool_env(epochs=1), CallingPolicy(), dialog_turns_per_batch=10)
     batches = list(collector)
     assert sum(b.batch_size[0] for b in batches) == 16
     assert [b.batch_size[0] for b in batches][-1] <= 10
@@ -234,9 +178,9 @@ def test_policies_sampling_several_replies_per_prompt_are_refused(tiny, tokenize
 
 def test_invalid_settings():
     with pytest.raises(ValueError, match="total_dialog_turns"):
-        LLMCollector(_tool_env(), CallingPolicy(), 4, total_dialog_turns=0)
+        LLMCollector(tool_env(), CallingPolicy(), 4, total_dialog_turns=0)
     with pytest.raises(ValueError, match="dialog_turns_per_batch"):
-        LLMCollector(_tool_env(), CallingPolicy(), 0)
+        LLMCollector(tool_env(), CallingPolicy(), 0)
 
 
 def test_importing_collectors_imports_neither_ray_nor_vllm():

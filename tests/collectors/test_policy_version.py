@@ -11,7 +11,7 @@ import torch
 from llmrl.collectors import AsyncRollouts, LLMCollector
 from llmrl.envs import PolicyVersion
 from llmrl.transports import InProcessWeightUpdater, VersionOnlyUpdater
-from tests.collectors.test_llm_collector import CallingPolicy, _tool_env
+from tests.support.scripted import CallingPolicy, tool_env
 
 
 def readers(collector: LLMCollector, transform: PolicyVersion, rollouts: AsyncRollouts) -> set:
@@ -27,7 +27,7 @@ def test_every_reader_sees_the_transports_version():
     transform = PolicyVersion()
     updater = InProcessWeightUpdater(torch.nn.Linear(2, 2), source=torch.nn.Linear(2, 2))
     collector = LLMCollector(
-        _tool_env(transforms=[transform]), CallingPolicy(), 4, 12, None, updater
+        tool_env(transforms=[transform]), CallingPolicy(), 4, 12, None, updater
     )
     rollouts = AsyncRollouts(collector, max_staleness=0)
     assert readers(collector, transform, rollouts) == {0}
@@ -47,7 +47,7 @@ def test_every_reader_sees_the_transports_version():
 
 def test_loads_and_swaps_move_the_one_version():
     transform = PolicyVersion()
-    collector = LLMCollector(_tool_env(transforms=[transform]), CallingPolicy(), 4)
+    collector = LLMCollector(tool_env(transforms=[transform]), CallingPolicy(), 4)
     assert isinstance(collector.weight_updater, VersionOnlyUpdater)
     collector.update_policy_weights_()
     state = collector.state_dict()
@@ -60,7 +60,7 @@ def test_loads_and_swaps_move_the_one_version():
 
 def test_readers_keep_no_version_of_their_own():
     transform = PolicyVersion(version=3)  # an env that starts further on
-    collector = LLMCollector(_tool_env(transforms=[transform]), CallingPolicy(), 4)
+    collector = LLMCollector(tool_env(transforms=[transform]), CallingPolicy(), 4)
     assert collector.weight_updater.version == 3 == transform.version
     with pytest.raises(RuntimeError, match="follows its collector's version"):
         transform.version = 5

@@ -13,7 +13,7 @@ from llmrl.collectors.ray_actors import InferenceActor, on_passing_thread
 from llmrl.core.weights_checksum import weights_checksum
 from llmrl.models import load_tokenizer, tiny_model
 from llmrl.transports.packed_weights import PackedStateDict
-from tests.collectors.factories import TinyPolicyFactory, perturbed
+from tests.support.factories import TinyPolicyFactory, perturbed
 
 
 def test_on_passing_thread_returns_the_value_from_a_thread_that_has_ended() -> None:

@@ -9,16 +9,18 @@ import torch
 
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
-from tests.collectors.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
-from tests.collectors.ray_local import actor_runtime_env, local_ray  # noqa: F401
+from tests.support.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
+from tests.support.ray_local import actor_runtime_env
 
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def collector(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: cached first)
+@pytest.fixture
+def collector(local_ray, session_cache, tokenizer):  # tokenizer: cached before the actors load it
+    """A fresh collector for each test (each one consumes it; one pushes weights to it), so no
+    test depends on what another left: batches of 8 dialog turns, 16 in all."""
     from llmrl.collectors import ActorLayout, RayLLMCollector
 
     collector = RayLLMCollector(
@@ -50,7 +52,7 @@ def test_two_env_workers_yield_the_requested_transitions(collector):
 
 
 def test_object_store_weights_reach_the_inference_actor(collector, tokenizer):
-    collector.total_dialog_turns += 8  # one more batch
+    collector.total_dialog_turns = 8  # one batch
     (batch,) = list(collector)
     actor = collector.inference_actors[0]
     trainer = perturbed(tiny_model(tokenizer, seed=0))

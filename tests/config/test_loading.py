@@ -15,6 +15,7 @@ from llmrl.config import ConfigError, ConfigModel, PrepareConfig, dump_config, l
 from llmrl.config.evaluate import EvalConfig
 from llmrl.config.grpo import GRPOConfig
 from llmrl.config.sft import SFTConfig
+from tests.support.configs import BOMB
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -277,12 +278,6 @@ def test_prepare_config_value_errors():
 
 
 # ------------------------------------------------------------------------ bounded parsing
-
-BOMB = "generate:\n  options:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-    f"    {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n"
-    for p, n in zip("abcdefgh", "bcdefghi", strict=True)
-)
-"""Billion laughs: nine levels of nine aliases each, 9**9 (387 million) strings once expanded."""
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.core.config_loading import ConfigError
-from tests.train.conftest import stage_config
+from tests.support.configs import stage_config
 
 
 def _config(*overrides: str) -> GRPOConfig:

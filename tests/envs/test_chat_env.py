@@ -7,7 +7,7 @@ import torch
 
 from llmrl.data import ChatHistory, History
 from llmrl.envs import ChatEnv, EnvTransform, queries
-from tests.envs.conftest import ScriptedPolicy
+from tests.support.scripted import ScriptedPolicy
 
 
 class MarkToolCalls(EnvTransform):

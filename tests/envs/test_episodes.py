@@ -8,8 +8,8 @@ import torch
 from llmrl.envs import ArithmeticEnv, ChatEnv, GSM8KEnv, PythonInterpreter, queries
 from llmrl.envs.sandbox import SandboxLimits
 from llmrl.policies import TransformersWrapper
-from tests.conftest import SHARED_DATA
-from tests.envs.conftest import ScriptedPolicy
+from tests.support.paths import SHARED_DATA
+from tests.support.scripted import ScriptedPolicy
 
 GSM8K_TRAIN = SHARED_DATA / "gsm8k" / "train.jsonl"
 

@@ -26,8 +26,8 @@ from llmrl.envs.tasks import ArithmeticTask
 from llmrl.envs.transforms import MCPServerSpec, MCPToolError, MCPToolTransform
 from llmrl.envs.transforms.mcp_tools import parse_tool_calls
 from llmrl.runtime.env_workers import TaskEnvFactory
-from tests.envs.conftest import ScriptedPolicy
-from tests.train.conftest import stage_config
+from tests.support.configs import stage_config
+from tests.support.scripted import ScriptedPolicy
 
 SERVER = '''
 """A small MCP server for tests: argv[1] is a file it writes its pid to; `--http PORT` serves

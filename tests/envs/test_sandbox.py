@@ -30,7 +30,7 @@ from llmrl.envs.sandbox import (
     run_python,
     sandbox_support,
 )
-from tests.reliability.hostile_programs import PROGRAMS, fill
+from tests.support.hostile_programs import PROGRAMS, fill
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,7 +44,7 @@ MARKER_ROOM = 64  # what the brief allows on top of max_output_chars
 class Ctx:
     """What a row's code and checks may refer to (``@PORT@``, ``@ESCAPE@``, ``@SECRET@``).
 
-    Programs the env suite also runs come from ``tests/reliability/hostile_programs.py``."""
+    Programs the env suite also runs come from ``tests/support/hostile_programs.py``."""
 
     listener: socket.socket
     escape: Path  # outside the sandbox: must never be created

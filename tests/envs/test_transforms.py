@@ -17,7 +17,7 @@ from llmrl.envs import (
 from llmrl.envs.tasks import ArithmeticTask
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
-from tests.envs.conftest import ScriptedPolicy
+from tests.support.scripted import ScriptedPolicy
 from tests.tolerances import max_abs, summation_atol
 
 

@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Any
 
 from flows.launchers.manifests import KUBERAY_VERSION
-from tests.flows import crd_schema
 from tests.flows.fake_k8s_errors import ApiError, exists, forbidden, invalid, not_found
 from tests.flows.fake_k8s_http import handler_class
 from tests.flows.fake_k8s_scenario import Scenario, mounted_claim_path
@@ -75,6 +74,7 @@ from tests.flows.rbac import (
     resource_for,
     used_permissions,
 )
+from tests.support import crd_schema
 
 SCENARIOS = (
     "success",

@@ -11,8 +11,8 @@ from mlflow import MlflowClient
 
 from flows.__main__ import main
 from flows.compare import compare
-from tests.flows.prefect_harness import filter_by_flow_run
-from tests.tracking.logged_runs import PNG_MAGIC, Runs
+from tests.support.mlflow_runs import PNG_MAGIC, Runs
+from tests.support.prefect_harness import filter_by_flow_run
 
 pytestmark = pytest.mark.integration
 

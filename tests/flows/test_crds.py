@@ -1,6 +1,6 @@
 """Every RayJob the launcher builds, validated against the real KubeRay CRDs of each supported
 release (:data:`~flows.launchers.manifests.KUBERAY_TESTED_VERSIONS`), as an API server with
-``fieldValidation=Strict`` would; and the validator (tests/flows/crd_schema.py) itself.
+``fieldValidation=Strict`` would; and the validator (tests/support/crd_schema.py) itself.
 
 The CRDs are read from ``<repo>/../shared/kuberay-crds``; without them these tests skip.
 """
@@ -22,7 +22,7 @@ from flows.launchers.manifests import (
     build_rayjob_manifest,
 )
 from llmrl.topology import Topology
-from tests.flows.crd_schema import (
+from tests.support.crd_schema import (
     FieldError,
     check,
     crd_path,
@@ -30,7 +30,7 @@ from tests.flows.crd_schema import (
     validate,
     validate_custom_object,
 )
-from tests.topology.test_spec import chart_topology
+from tests.support.topologies import chart_topology
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "llmrl"

@@ -14,7 +14,6 @@ import pytest
 from flows.launchers import KubernetesSettings
 from flows.launchers.manifests import build_config_map, build_job_manifest, build_rayjob_manifest
 from llmrl.topology import Topology
-from tests.flows.crd_schema import missing_crds
 from tests.flows.fake_k8s_api import FakeKubernetes
 from tests.flows.fake_k8s_scenario import mounted_claim_path, owner_of
 from tests.flows.rbac import (
@@ -26,6 +25,7 @@ from tests.flows.rbac import (
     request_attributes,
     without,
 )
+from tests.support.crd_schema import missing_crds
 
 NS = "llmrl"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"

@@ -18,9 +18,9 @@ from flows.launchers import (
     TransientStageError,
 )
 from llmrl.topology import InferenceSpec, Topology, TrainerSpec
-from tests.conftest import send_ctrl_c
-from tests.flows.crd_schema import validate_custom_object
 from tests.flows.fake_k8s_api import FakeKubernetes
+from tests.support.crd_schema import validate_custom_object
+from tests.support.signals import send_ctrl_c
 
 pytest.importorskip("kubernetes")
 

@@ -22,7 +22,7 @@ from flows.launchers import (
     stage_arguments,
 )
 from llmrl.stages.result_file import read_result, write_result
-from tests.conftest import send_ctrl_c
+from tests.support.signals import send_ctrl_c
 
 
 def _script(body: str) -> list[str]:

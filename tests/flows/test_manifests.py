@@ -1,7 +1,7 @@
 """Every manifest the Kubernetes launcher builds, checked against Kubernetes' and KubeRay's schemas.
 
 Jobs and ConfigMaps go through kubernetes-validate (strict: unknown fields fail); the RayJob
-through the real KubeRay CRDs of every tested release (tests/flows/crd_schema.py, unknown fields
+through the real KubeRay CRDs of every tested release (tests/support/crd_schema.py, unknown fields
 fail; skipped without ../shared/kuberay-crds), and each of its pod templates (head, worker
 groups, submitter) through kubernetes-validate as a ``v1 PodTemplate``.
 """
@@ -22,7 +22,6 @@ from flows.launchers.manifests import (
     DRIVER_CPUS,
     DRIVER_RESOURCE,
     KUBERAY_TESTED_VERSIONS,
-    KubernetesSettings,
     build_config_map,
     build_job_manifest,
     build_rayjob_manifest,
@@ -33,16 +32,17 @@ from flows.launchers.manifests import (
 from llmrl.config import load_config
 from llmrl.config.grpo import GRPOConfig
 from llmrl.topology import (
-    EnvWorkerSpec,
-    InferenceSpec,
-    ReferenceSpec,
-    SchedulingSpec,
     Topology,
-    TrainerSpec,
 )
 from llmrl.topology.placement import GroupPlan, plan_groups, requested_resources
-from tests.flows.crd_schema import missing_crds, validate_custom_object
-from tests.topology.test_spec import chart_topology
+from tests.support.crd_schema import missing_crds, validate_custom_object
+from tests.support.topologies import (
+    CPU_NODES,
+    GPU_NODES,
+    SETTINGS,
+    TOPOLOGIES,
+    chart_topology,
+)
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -50,30 +50,6 @@ K8S_VERSION = "1.30.0"
 MISSING_CRDS = missing_crds(KUBERAY_TESTED_VERSIONS)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 REPO = Path(__file__).resolve().parents[2]
-GPU_NODES = SchedulingSpec(
-    node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-)
-CPU_NODES = SchedulingSpec(node_selector={"node-pool": "cpu"})
-
-TOPOLOGIES = {
-    "chart-default": Topology.model_validate(
-        yaml.safe_load((REPO / "helm/llmrl/values.yaml").read_text())["topology"]
-    ),
-    "split": Topology(
-        inference=InferenceSpec(engines=4, tensor_parallel_size=2, scheduling=GPU_NODES),
-        trainer=TrainerSpec(gpus=8, strategy="fsdp", scheduling=GPU_NODES),
-        reference=ReferenceSpec(placement="dedicated", gpus=1),
-        env_workers=EnvWorkerSpec(count=8, cpus_each=2, memory_gb=4, scheduling=CPU_NODES),
-    ),
-    "colocated": Topology(
-        inference=InferenceSpec(engines=2, tensor_parallel_size=2, gpu_memory_utilization=0.4),
-        trainer=TrainerSpec(gpus=4, strategy="fsdp"),
-        colocated=True,
-    ),
-    "cpu": Topology.local_default(),
-    "cpu-ddp": Topology.model_validate(chart_topology("cpu-ddp.yaml")),
-}
 CHART_TOPOLOGIES = {
     "local-default": Topology.local_default(),
     "chart-default": Topology.model_validate(chart_topology()),
@@ -82,13 +58,6 @@ CHART_TOPOLOGIES = {
         for path in sorted((REPO / "helm/llmrl/examples").glob("*.yaml"))
     },
 }
-SETTINGS = KubernetesSettings(
-    namespace="llmrl",
-    image="ghcr.io/llmrl/llmrl:0.1.0",
-    service_account="llmrl-stages",
-    active_deadline_seconds=86400,
-    env={"HF_HUB_OFFLINE": "1"},
-)
 ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_PARENT_RUN_ID": "abc123"}
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from flows.launchers import StageConfigError, TransientStageError
 from flows.pipeline import RUN_ORDER, PipelineParams, StageCall, pipeline, run_stage
-from tests.flows.prefect_harness import FlakyLauncher, filter_by_flow_run, prefect_client
+from tests.support.prefect_harness import FlakyLauncher, filter_by_flow_run, prefect_client
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,6 @@ import yaml
 
 from flows.launchers import KubernetesLauncher, KubernetesSettings, StageError, StageFailedError
 from llmrl.topology import Topology
-from tests.conftest import send_ctrl_c
 from tests.flows.fake_k8s_api import FakeKubernetes
 from tests.flows.rbac import (
     PREFECT_WORKER_CALLS,
@@ -29,6 +28,7 @@ from tests.flows.rbac import (
     manifest_role_rules,
     without,
 )
+from tests.support.signals import send_ctrl_c
 
 pytest.importorskip("kubernetes")
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk renders the chart's Role")

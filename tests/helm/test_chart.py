@@ -2,7 +2,7 @@
 
 Every rendered object is validated: Kubernetes kinds against the bundled Kubernetes 1.30 schemas
 (kubernetes-validate, strict: unknown fields fail), KubeRay kinds against the real KubeRay CRDs
-of every tested release (tests/flows/crd_schema.py, unknown fields fail). The chart renders no
+of every tested release (tests/support/crd_schema.py, unknown fields fail). The chart renders no
 Ray cluster: the RayJobs the launcher builds from each release's settings are validated so.
 """
 
@@ -34,49 +34,16 @@ from flows.launchers.manifests import (
 from flows.launchers.settings import KubernetesSettings
 from llmrl.topology import Topology
 from llmrl.topology.chart_values import ChartValues
-from tests.flows.crd_schema import KUBERAY_KINDS, missing_crds, validate_custom_object
-from tests.topology.test_spec import INVALID as SPEC_INVALID
+from tests.support.chart import CHART, EXAMPLES, NAMESPACE, VALUE_SETS, objects
+from tests.support.crd_schema import KUBERAY_KINDS, missing_crds, validate_custom_object
+from tests.support.topologies import INVALID as SPEC_INVALID
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) renders the chart")
 
 pytestmark = pytest.mark.integration  # the real Helm engine renders and lints the chart
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "llmrl"
-EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 K8S_VERSION = "1.30"
-NAMESPACE = "llmrl"
-
-VALUE_SETS: dict[str, dict[str, Any]] = {
-    "default": {},
-    **{path.stem: yaml.safe_load(path.read_text()) for path in EXAMPLES},
-    "everything-on": {
-        "prefect": {
-            "apiUrl": "",
-            "server": {"enabled": True, "database": {"name": "prefect-db", "key": "url"}},
-            "worker": {"apiKey": {"name": "prefect-cloud", "key": "api-key"}},
-        },
-        "storage": {"existingClaim": "llmrl-shared"},
-        "imagePullSecrets": [{"name": "registry"}],
-        "topology": {
-            "trainer": {"gpus": 2, "strategy": "ddp"},
-            "reference": {"placement": "dedicated", "gpus": 1},
-        },
-    },
-    "external-mlflow": {"mlflow": {"enabled": False, "externalUri": "https://mlflow.example.com"}},
-    "transformers-on-gpus": {
-        "topology": {
-            "inference": {"backend": "transformers", "engines": 2, "gpus_per_engine": 1},
-            "trainer": {"gpus": 2, "ranks": 2, "strategy": "ddp"},
-        }
-    },
-}
-
-
-@pytest.fixture(scope="module")
-def chart():
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def render(chart, values: dict[str, Any]) -> dict[str, str]:
@@ -94,15 +61,6 @@ def rendered(chart):
         return cache[name]
 
     return get
-
-
-def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    """Every Kubernetes object of a render (NOTES.txt and empty documents left out)."""
-    found = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith(".yaml"):
-            found += [doc for doc in yaml.safe_load_all(text) if doc]
-    return found
 
 
 def of_kind(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import copy
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-K8S = REPO / "k8s"
-MANIFESTS = sorted(K8S.glob("*.yaml"))
-JOB_TEMPLATE = K8S / "prefect-work-pool-job-template.json"
+from tests.support.k8s_manifests import (
+    JOB_TEMPLATE,
+    K8S,
+    MANIFESTS,
+    PLACEHOLDER,
+    all_objects,
+    documents,
+    fill,
+)
+
 K8S_VERSION = "1.30"
-PLACEHOLDER = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
 CLUSTER_SCOPED = {"Namespace", "StorageClass"}
-
-
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def all_objects() -> list[dict[str, Any]]:
-    return [doc for path in MANIFESTS for doc in documents(path)]
 
 
 def test_the_expected_manifests_exist():
@@ -158,25 +152,6 @@ def test_job_template_sets_the_service_urls_and_identity(template):
     (account,) = [d for d in documents(K8S / "launcher-rbac.yaml") if d["kind"] == "ServiceAccount"]
     assert properties["service_account_name"]["default"] == account["metadata"]["name"]
     assert properties["namespace"]["default"] == account["metadata"]["namespace"]
-
-
-def fill(node: Any, values: dict[str, Any]) -> Any:
-    """Prefect's templating: a whole-string placeholder takes the value (any type), others are
-    substituted as text, and a key whose placeholder has no value is dropped."""
-    if isinstance(node, dict):
-        filled = {key: fill(value, values) for key, value in node.items()}
-        return {key: value for key, value in filled.items() if value is not _UNSET}
-    if isinstance(node, list):
-        return [fill(value, values) for value in node]
-    if not isinstance(node, str):
-        return node
-    whole = PLACEHOLDER.fullmatch(node.strip())
-    if whole:
-        return values.get(whole.group(1), _UNSET)
-    return PLACEHOLDER.sub(lambda m: str(values.get(m.group(1), "")), node)
-
-
-_UNSET = object()
 
 
 def test_job_built_from_the_defaults_is_a_valid_job(template):

@@ -18,8 +18,7 @@ from tensordict import TensorDict
 from llmrl.collectors import DynamicSampler
 from llmrl.data import LogProbs
 from llmrl.objectives import MCAdvantage, ReinforcePlusPlusAdvantage, RLOOAdvantage
-from tests.objectives.test_advantages import batch
-from tests.objectives.test_trajectory_advantages import turns
+from tests.objectives.rows import batch, turns
 
 TOL = 32 * torch.finfo(torch.float32).eps
 

@@ -12,29 +12,9 @@ import math
 
 import pytest
 import torch
-from tensordict import TensorDict
 
-from llmrl.data import Tokens
 from llmrl.objectives import MCAdvantage
-
-
-def batch(group_ids: list, rewards: list[float], first_row: int = 0) -> TensorDict:
-    """Collector-like rows: ragged tokens (row i has i + 1 response tokens), a row id."""
-    size = len(group_ids)
-    rows = range(first_row, first_row + size)
-    tokens = Tokens.from_sequences(
-        prompt=[torch.tensor([7, row]) for row in rows],
-        response=[torch.full((row + 1,), row) for row in rows],
-    )
-    return TensorDict(
-        {
-            "tokens": tokens,
-            "group_id": torch.tensor(group_ids),
-            "reward": torch.tensor(rewards),
-            "row_id": torch.tensor(list(rows)),
-        },
-        batch_size=[size],
-    )
+from tests.objectives.rows import batch
 
 
 def test_group_scale_uses_the_population_std():

@@ -22,8 +22,7 @@ import torch
 from llmrl.envs.transforms import RetrieveLogProb
 from llmrl.objectives import GRPOLoss, GRPOLossOutput, grpo_objective
 from llmrl.objectives.token_level import masked_mean, scatter_rows, token_entropy
-from llmrl.policies import TransformersWrapper
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 from tests.tolerances import log_prob_atol, max_abs, summation_atol
 
 PAD = 1e4
@@ -269,28 +268,6 @@ def test_advantage_shape_is_checked():
 
 
 # ----------------------------------------------------------------- GRPOLoss on a tiny model
-@pytest.fixture(scope="module")
-def sampler(tiny, tokenizer):
-    return TransformersWrapper(
-        tiny, tokenizer, num_samples=2, generate_kwargs={"max_new_tokens": 8, "seed": 0}
-    )
-
-
-@pytest.fixture(scope="module")
-def sampled(sampler):
-    """A collector-like batch [6]: ragged tokens, masks, sampling log-probs, advantages."""
-    td = sampler(history_batch()).reshape(-1)
-    td["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
-    return td
-
-
-@pytest.fixture
-def rollout(sampled, tiny):
-    """A shallow copy of the sampled batch per test (tests may add entries)."""
-    yield sampled.clone(False)
-    tiny.zero_grad(set_to_none=True)
-
-
 def _log_prob_atol(tiny, rollout) -> float:
     """How far two fp32 computations of a log-prob of the rollout's tokens (the sampler's
     decode, a training pass, another batch layout or chunking) may differ: the same sums in

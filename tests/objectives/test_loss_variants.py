@@ -36,8 +36,7 @@ from llmrl.objectives import (
     gspo_term,
 )
 from llmrl.objectives.token_level import scatter_rows
-from tests.objectives.test_advantages import batch as reward_batch
-from tests.objectives.test_grpo import rollout, sampled, sampler  # noqa: F401 (fixtures)
+from tests.objectives.rows import batch as reward_batch
 
 EPS32 = torch.finfo(torch.float32).eps
 TOL = 32 * EPS32
@@ -290,7 +289,7 @@ def _response_positions(td) -> list[tuple[int, int]]:
     return [(len(p), len(r)) for p, r in zip(prompts, responses, strict=True)]
 
 
-def test_gspo_loss_uses_the_sequence_ratio(sampler, rollout):  # noqa: F811
+def test_gspo_loss_uses_the_sequence_ratio(sampler, rollout):
     def shift(j: int) -> float:
         return 0.05 * ((j % 3) - 1)  # d = -0.05, 0, 0.05, ... along each row
 
@@ -322,7 +321,7 @@ def test_gspo_loss_uses_the_sequence_ratio(sampler, rollout):  # noqa: F811
     assert not torch.allclose(response, ppo_response, atol=1e-3)
 
 
-def test_cispo_loss_is_reinforce_with_the_weight(sampler, rollout, tiny):  # noqa: F811
+def test_cispo_loss_is_reinforce_with_the_weight(sampler, rollout, tiny):
     loss = CISPOLoss(sampler, aggregation="none", old_log_probs_key="old_log_probs")
     anchored, current = _anchored(loss, rollout, lambda j: 0.0)  # r = 1: weight 1
     out = loss(anchored)

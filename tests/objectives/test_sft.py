@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from llmrl.data import ChatHistory, History
 from llmrl.objectives import SFTLoss, sft_objective
 from llmrl.policies import TransformersWrapper
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 
 PAD = 1e4
 MASK = torch.tensor([[False, True, True, False], [False, True, True, True]])

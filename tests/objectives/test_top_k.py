@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmrl.objectives import TopKRewardSelector
-from tests.objectives.test_advantages import batch
+from tests.objectives.rows import batch
 
 
 def test_keeps_the_top_k_above_the_median_best_first():

@@ -11,28 +11,12 @@ import math
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from llmrl.collectors import LLMCollector
 from llmrl.envs import DatasetChatEnv, EnvTransform
 from llmrl.objectives import MCAdvantage
-from tests.collectors.test_llm_collector import FakeTool
-from tests.envs.conftest import ScriptedPolicy
-
-
-def turns(rows: list[tuple[int, int, bool, float]]) -> TensorDict:
-    """Collector-like rows ``(group_id, traj_id, done, reward)``, with a row id."""
-    groups, trajs, done, reward = zip(*rows, strict=True)
-    return TensorDict(
-        {
-            "group_id": torch.tensor(groups),
-            "traj_id": torch.tensor(trajs),
-            "done": torch.tensor(done),
-            "reward": torch.tensor(reward),
-            "row_id": torch.arange(len(rows)),
-        },
-        batch_size=[len(rows)],
-    )
+from tests.objectives.rows import turns
+from tests.support.scripted import FakeTool, ScriptedPolicy
 
 
 def test_three_turn_and_one_turn_episodes_share_one_group():

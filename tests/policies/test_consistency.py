@@ -14,7 +14,7 @@ from tensordict import TensorDict
 
 from llmrl.data import Text, pad_sequences
 from llmrl.policies import TransformersWrapper
-from tests.policies.conftest import PROMPTS, history_batch
+from tests.support.chats import PROMPTS, history_batch
 from tests.tolerances import log_prob_atol, max_abs
 
 

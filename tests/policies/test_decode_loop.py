@@ -9,7 +9,7 @@ from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from llmrl.data import pad_sequences
 from llmrl.policies import GenerationKwargs, TransformersWrapper, decode_loop
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 from tests.tolerances import log_prob_atol, max_abs, sampling_atol
 
 

@@ -10,7 +10,7 @@ import torch
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
 from llmrl.policies.static_decode import resolve_compile_decode, static_cache_length
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 from tests.tolerances import log_prob_atol, max_abs
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 
 from llmrl.data import Text, Tokens
 from llmrl.policies import GenerationKwargsError, TransformersWrapper
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 from tests.tolerances import log_prob_atol, max_abs, summation_atol
 
 SHORT = {"max_new_tokens": 5, "seed": 0}

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from llmrl.core.errors import MissingExtraError
 from llmrl.data import Tokens
 from llmrl.policies.vllm_wrapper import split_evenly, vLLMWrapper
-from tests.policies.conftest import PROMPTS, history_batch
+from tests.support.chats import PROMPTS, history_batch
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_RAY = importlib.util.find_spec("ray") is not None

@@ -16,7 +16,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from tests.collectors.factories import ArithmeticEnvFactory, TinyPolicyFactory
+from tests.support.factories import ArithmeticEnvFactory, TinyPolicyFactory
 
 
 @dataclass(frozen=True)

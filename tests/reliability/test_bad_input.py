@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from llmrl.cli import main
-from tests.config.test_loading import BOMB
+from tests.support.configs import BOMB
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "llmrl"

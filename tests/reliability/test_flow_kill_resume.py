@@ -24,16 +24,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.tracking.conftest import mlflow_server  # noqa: F401 (a real server, reused)
-from tests.train.conftest import (  # noqa: F401 (a session fixture: the tiny model)
-    REPO,
-    cli_env,
-    metric_steps,
-    run_id_of,
-    tiny_model_dir,
-    trainer_state,
-    wait_until,
-)
+from tests.support.cli import cli_env, wait_until
+from tests.support.mlflow_runs import metric_steps
+from tests.support.paths import REPO
+from tests.support.stages import run_id_of, trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -168,8 +162,8 @@ def test_a_killed_launcher_takes_its_stage_with_it(tmp_path: Path) -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG, /proc")
 def test_killed_flow_reruns_skipping_finished_stages_and_resuming_grpo(
     flow_root: Path,
-    tiny_model_dir,  # noqa: F811
-    mlflow_server,  # noqa: F811
+    tiny_model_dir,
+    mlflow_server,
 ) -> None:
     work, uri = flow_root / "work", mlflow_server.uri
     args = _flow_args(work, uri, tiny_model_dir)

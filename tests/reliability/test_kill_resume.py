@@ -28,16 +28,9 @@ from mlflow import MlflowClient
 from llmrl.core.faults import FAULT_ENV, KILL_MESSAGE, PHASES
 from llmrl.stages.common import RUN_ID_FILE, recorded_run_id
 from llmrl.train.checkpoint import list_checkpoints, load_checkpoint
-from tests.tracking.conftest import mlflow_server  # noqa: F401 (a real server, reused)
-from tests.train.conftest import (  # noqa: F401 (session fixtures: the model, the data)
-    arithmetic_data,
-    metric_steps,
-    metric_values,
-    start_cli,
-    tiny_model_dir,
-    trainer_state,
-    wait_until,
-)
+from tests.support.cli import start_cli, wait_until
+from tests.support.mlflow_runs import metric_steps, metric_values
+from tests.support.stages import trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -187,9 +180,9 @@ def run_trial(seed: int, root: Path, data: Path, model: Path, uri: str) -> Trial
 
 @pytest.fixture(scope="module")
 def trials(
-    arithmetic_data,  # noqa: F811
-    tiny_model_dir,  # noqa: F811
-    mlflow_server,  # noqa: F811
+    arithmetic_data,
+    tiny_model_dir,
+    mlflow_server,
     tmp_path_factory,
 ) -> dict[int, Trial]:
     """All trials, two at a time (each stage process uses one thread)."""
@@ -212,7 +205,7 @@ def trials(
 def test_killed_grpo_resumes_to_the_exact_end(
     seed,
     trials,
-    mlflow_server,  # noqa: F811
+    mlflow_server,
     tokenizer,
 ) -> None:
     from llmrl.models import tiny_model

@@ -26,11 +26,11 @@ from flows.launchers.manifests import (
     build_job_manifest,
     build_rayjob_manifest,
 )
-from tests.flows.test_manifests import SETTINGS, TOPOLOGIES
-from tests.helm.test_chart import CHART, NAMESPACE, VALUE_SETS, objects
-from tests.k8s.test_manifests import JOB_TEMPLATE, all_objects, fill
 from tests.reliability.pod_security import pod_specs, restricted_violations
 from tests.reliability.rbac_policy import rbac_violations
+from tests.support.chart import NAMESPACE, VALUE_SETS, objects
+from tests.support.k8s_manifests import JOB_TEMPLATE, all_objects, fill
+from tests.support.topologies import SETTINGS, TOPOLOGIES
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) renders the chart")
 
@@ -49,12 +49,6 @@ LAUNCHER_SETTINGS = {
     # A user who empties the pod securityContext still gets restricted containers.
     "no-pod-context": KubernetesSettings(security_context={}),
 }
-
-
-@pytest.fixture(scope="module")
-def chart():
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def restricted_report(items: Iterable[Mapping[str, Any]]) -> tuple[int, list[str]]:

@@ -17,7 +17,7 @@ reply. Every row must meet the same contract, whatever the program did:
 * this process received no signal, and its resource limits and descriptor count are unchanged.
 
 ``tests/envs/test_sandbox.py`` checks ``run_python``'s own results on the shared programs of
-``hostile_programs.py``; this module checks what the env and its caller see.
+``tests/support/hostile_programs.py``; this module checks what the env and its caller see.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ import pytest
 
 from llmrl.envs import ChatEnv, PythonInterpreter, queries
 from llmrl.envs.sandbox import SandboxLimits, sandbox_support
-from tests.envs.conftest import ScriptedPolicy
 from tests.reliability.containment import (
     ProcessState,
     leftover_processes,
     sandbox_workdirs,
     signals_received,
 )
-from tests.reliability.hostile_programs import PROGRAMS, fill
+from tests.support.hostile_programs import PROGRAMS, fill
+from tests.support.scripted import ScriptedPolicy
 
 pytestmark = pytest.mark.timeout(120)
 

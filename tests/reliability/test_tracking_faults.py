@@ -25,17 +25,11 @@ import pytest
 
 from llmrl.cli import main
 from llmrl.tracking import Tracker, flush_spool
-from tests.tracking.conftest import MlflowServer
-from tests.train.conftest import (  # noqa: F401 (fixtures)
-    _isolated,
-    arithmetic_data,
-    metric_steps,
-    mlflow_server,
-    run_id_of,
-    tiny_model_dir,
-)
+from tests.support.mlflow_runs import metric_steps
+from tests.support.mlflow_server import MlflowServer
+from tests.support.stages import run_id_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("isolated_stage")]
 
 STEPS = 6
 STOP_AFTER = 2  # the server stops once this step's metrics were sent
@@ -63,9 +57,9 @@ class MetricsTap:
 
 @pytest.fixture
 def run_sft(
-    tiny_model_dir: Path,  # noqa: F811
-    arithmetic_data: Path,  # noqa: F811
-    mlflow_server: MlflowServer,  # noqa: F811
+    tiny_model_dir: Path,
+    arithmetic_data: Path,
+    mlflow_server: MlflowServer,
     capsys: pytest.CaptureFixture,
 ) -> Callable[[], dict[str, Any]]:
     """Runs ``llmrl sft`` (6 steps, logging to the server) in this process; returns its JSON
@@ -119,7 +113,7 @@ def assert_every_step_once(uri: str, run_id: str, logged: dict[int, dict[str, fl
 
 def test_server_back_mid_run_gets_every_step_once(
     run_sft: Callable[[], dict[str, Any]],
-    mlflow_server: MlflowServer,  # noqa: F811
+    mlflow_server: MlflowServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -148,7 +142,7 @@ def test_server_back_mid_run_gets_every_step_once(
 
 def test_server_gone_for_good_leaves_a_named_spool_with_every_missing_metric(
     run_sft: Callable[[], dict[str, Any]],
-    mlflow_server: MlflowServer,  # noqa: F811
+    mlflow_server: MlflowServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -22,10 +22,10 @@ from flows.launchers import StageConfigError, TransientStageError
 from flows.pipeline import PipelineParams, pipeline
 from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
-from tests.collectors.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
-from tests.collectors.ray_local import actor_runtime_env, local_ray  # noqa: F401
-from tests.flows.prefect_harness import FlakyLauncher
 from tests.reliability.dying_actors import DyingEnvFactory, DyingPolicyFactory, KillSwitch
+from tests.support.factories import ArithmeticEnvFactory, TinyPolicyFactory, perturbed
+from tests.support.prefect_harness import FlakyLauncher
+from tests.support.ray_local import actor_runtime_env
 
 ray = pytest.importorskip("ray")
 
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def make_collector(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: cached first)
+def make_collector(local_ray, session_cache, tokenizer):
     """Builds RayLLMCollectors over 2 env workers and 1 inference actor; shuts them down."""
     from llmrl.collectors import ActorLayout, RayLLMCollector
 

@@ -1,12 +1,11 @@
-"""Fixtures of the runtime tests: the training stages' tiny model, data and MLflow store, and
-one local Ray (2 CPUs) per module."""
+"""Every runtime test runs isolated, as the training stages do (``isolated_stage``); the tiny
+model folder, the data, the MLflow store and the local Ray are in ``tests/conftest.py``."""
 
 from __future__ import annotations
 
-from tests.collectors.ray_local import local_ray  # noqa: F401
-from tests.train.conftest import (  # noqa: F401
-    _isolated,
-    arithmetic_data,
-    mlflow_uri,
-    tiny_model_dir,
-)
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated(isolated_stage: None) -> None:
+    """Each test in its own working directory, spool and MLflow environment."""

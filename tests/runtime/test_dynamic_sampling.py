@@ -14,8 +14,9 @@ from tensordict import TensorDictBase
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.data.non_tensor import as_list
-from tests.runtime.fixed_reward_task import FixedRewardTask
-from tests.train.conftest import REPO, stage_config
+from tests.support.configs import stage_config
+from tests.support.fixed_reward_task import FixedRewardTask
+from tests.support.paths import REPO
 
 PROMPTS, G = 2, 2
 

@@ -9,7 +9,7 @@ import torch
 from llmrl.runtime.engines import TransformersEngine, inference_actor_options, start_engines
 from llmrl.runtime.env_workers import env_worker_options
 from llmrl.topology import Placement, Topology
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 
 
 class _Role:

@@ -12,8 +12,8 @@ from llmrl.core.config_loading import ConfigError
 from llmrl.envs import PythonInterpreter
 from llmrl.envs.tasks import ArithmeticTask
 from llmrl.runtime.env_workers import TaskEnvFactory
-from tests.envs.conftest import ScriptedPolicy
-from tests.train.conftest import stage_config
+from tests.support.configs import stage_config
+from tests.support.scripted import ScriptedPolicy
 
 TASK = ArithmeticTask()
 ROWS = TASK.generate(8, seed=0)

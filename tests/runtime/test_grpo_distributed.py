@@ -15,7 +15,9 @@ import pytest
 from mlflow import MlflowClient
 
 from llmrl.core.faults import FAULT_ENV
-from tests.train.conftest import REPO, cli_env, metric_steps, metric_values
+from tests.support.cli import cli_env
+from tests.support.mlflow_runs import metric_steps, metric_values
+from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import torch
 from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
-from tests.train.conftest import stage_config
+from tests.support.configs import stage_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ from llmrl.data import Tokens
 from llmrl.objectives import MCAdvantage
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.train.audit import AuditError, StepAudit
-from tests.train.test_grpo import ROLLOUT_METRICS
+from tests.support.stages import ROLLOUT_METRICS
 
 G, PROMPTS = 2, 2
 

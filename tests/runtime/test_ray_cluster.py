@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 from llmrl.runtime.ray_cluster import WORKER_NICENESS_ENV, ray_session
-from tests.collectors.ray_local import REPO_ROOT
+from tests.support.paths import REPO
 
 
 def _niceness() -> int:
@@ -25,7 +25,7 @@ def test_local_ray_runs_actors_at_the_stage_priority(monkeypatch: pytest.MonkeyP
     ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit 107 bytes
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    options = {"num_cpus": 0.5, "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO_ROOT)}}}
+    options = {"num_cpus": 0.5, "runtime_env": {"env_vars": {"PYTHONPATH": str(REPO)}}}
     with ray_session(None) as session:
         actor = session.remote(_Probe).options(**options).remote()
         assert session.get(actor.niceness.remote()) == _niceness()

@@ -20,7 +20,8 @@ from llmrl.policies import TransformersWrapper
 from llmrl.runtime import TrainerGroup, TrainerRankDied, split_groups
 from llmrl.topology import Topology, place_on_ray
 from llmrl.train.micro_batches import sequence_lengths
-from tests.train.conftest import first_update_loss_atol, stage_config
+from tests.support.configs import stage_config
+from tests.support.stages import first_update_loss_atol
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

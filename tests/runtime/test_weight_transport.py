@@ -10,7 +10,7 @@ from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime
 from llmrl.runtime.ray_cluster import actor_runtime_env
 from llmrl.topology import Topology
-from tests.train.conftest import stage_config
+from tests.support.configs import stage_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

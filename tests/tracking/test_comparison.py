@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmrl.tracking.comparison import CompareError, compare_runs, comparison_panels
-from tests.tracking.logged_runs import PNG_MAGIC, Runs
+from tests.support.mlflow_runs import PNG_MAGIC, Runs
 
 MODELS = ("base", "sft", "grpo")
 

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from llmrl.tracking import PipelineRun, Tracker, TrackingUnavailableError
 from llmrl.tracking.experiments import EXPERIMENT_KIND_TAG
-from tests.tracking.conftest import MlflowServer, free_port
+from tests.support.mlflow_server import MlflowServer, free_port
 
 
 def _open(uri: str, experiment: str = "parent-test", **kwargs) -> PipelineRun:

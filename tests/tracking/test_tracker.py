@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from llmrl.tracking import Tracker, default_tracking_uri, flatten_params, flush_spool
-from tests.tracking.conftest import MlflowServer, free_port
+from tests.support.mlflow_server import MlflowServer, free_port
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

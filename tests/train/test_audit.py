@@ -234,7 +234,8 @@ def test_the_stage_stops_with_the_error_and_fails_its_run_with_the_numbers(
 
     from llmrl.envs.tasks.prepared import prepared_task
     from llmrl.stages import grpo as stage
-    from tests.train.conftest import metric_values, stage_config
+    from tests.support.configs import stage_config
+    from tests.support.mlflow_runs import metric_values
 
     _, manifest = prepared_task(arithmetic_data)
     error = AuditError("consistency audit, step 1: engine 0's ...", 1, 0, {"audit/kl": 0.7})

@@ -23,7 +23,8 @@ from llmrl.data import ChatHistory, History
 from llmrl.data.containers import Text
 from llmrl.data.prepare import load_prepared
 from llmrl.stages.evaluate import evaluate, pass_at_k
-from tests.train.conftest import artifact_paths, stage_config
+from tests.support.configs import stage_config
+from tests.support.mlflow_runs import artifact_paths
 
 # Problem i asks "What is i + i?" (answer 2i). The greedy policy gets problems 0, 1 and 2 right;
 # the sampling policy gets CORRECT_SAMPLES[i] of its 5 answers to problem i right.

@@ -15,42 +15,12 @@ from mlflow import MlflowClient
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.stages.grpo import run_grpo
-from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
-from tests.train.conftest import (
-    artifact_paths,
-    assert_generates,
-    metric_steps,
-    metric_values,
-    run_id_of,
-    stage_config,
-    trainer_state,
-)
+from tests.support.configs import stage_config
+from tests.support.mlflow_runs import artifact_paths, metric_steps, metric_values
+from tests.support.stages import ROLLOUT_METRICS, assert_generates, run_id_of, trainer_state
 
 pytestmark = pytest.mark.slow
 
-ROLLOUT_METRICS = (
-    "reward_mean",
-    "reward_std",
-    "accuracy",
-    "format_rate",
-    "response_length_mean",
-    "response_tokens",
-    "tokens_per_second",
-    "generation_seconds",
-    "training_seconds",
-    "weight_sync_seconds",
-    "dropped_zero_std_groups",
-    "underfilled_steps",
-    "sampling_rounds",
-    "resampled_groups",
-    "zero_std_groups",
-    "informative_group_fraction",
-    "trained_groups",
-    "surplus_groups",
-    "skipped_steps",
-    "policy_version",
-    "staleness",
-)
 """Logged at every step."""
 LOSS_METRICS = (
     "loss",
@@ -68,7 +38,7 @@ LOSS_METRICS = (
 
 
 @pytest.fixture(autouse=True)
-def _ray(local_ray):  # noqa: F811
+def _ray(local_ray):
     """Every stage here joins the module's local Ray instead of starting its own."""
 
 

@@ -30,8 +30,9 @@ from llmrl.models import tiny_model
 from llmrl.objectives import MCAdvantage
 from llmrl.objectives.from_config import ADVANTAGE_ESTIMATORS
 from llmrl.stages.grpo import run_grpo
-from tests.collectors.ray_local import local_ray  # noqa: F401 (one Ray for the module)
-from tests.train.conftest import metric_values, run_id_of, stage_config
+from tests.support.configs import stage_config
+from tests.support.mlflow_runs import metric_values
+from tests.support.stages import run_id_of
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +137,7 @@ def mcp_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _ray(local_ray):  # noqa: F811
+def _ray(local_ray):
     """The stage joins the module's local Ray."""
 
 

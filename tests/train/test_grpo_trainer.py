@@ -23,8 +23,9 @@ from llmrl.policies import TransformersWrapper
 from llmrl.train.audit import AuditError
 from llmrl.train.grpo_trainer import ANCHOR_KEY, GRPOTrainer
 from llmrl.train.micro_batches import sequence_lengths
+from tests.support.configs import stage_config
+from tests.support.stages import first_update_loss_atol
 from tests.tolerances import log_prob_atol, max_abs
-from tests.train.conftest import first_update_loss_atol, stage_config
 
 
 @pytest.fixture(scope="module")

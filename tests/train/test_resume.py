@@ -15,15 +15,10 @@ from safetensors.torch import load_file
 from llmrl.cli import main
 from llmrl.config.sft import SFTConfig
 from llmrl.stages.sft import run_sft
-from tests.train.conftest import (
-    assert_generates,
-    metric_steps,
-    run_id_of,
-    stage_config,
-    start_cli,
-    trainer_state,
-    wait_until,
-)
+from tests.support.cli import start_cli, wait_until
+from tests.support.configs import stage_config
+from tests.support.mlflow_runs import metric_steps
+from tests.support.stages import assert_generates, run_id_of, trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,13 +13,9 @@ from safetensors.torch import load_file
 
 from llmrl.config.sft import SFTConfig
 from llmrl.stages.sft import run_sft
-from tests.train.conftest import (
-    assert_generates,
-    metric_steps,
-    metric_values,
-    run_id_of,
-    stage_config,
-)
+from tests.support.configs import stage_config
+from tests.support.mlflow_runs import metric_steps, metric_values
+from tests.support.stages import assert_generates, run_id_of
 
 
 def _sft(data: Path, model: Path, uri: str, *overrides: str, **fields) -> SFTConfig:

@@ -12,7 +12,8 @@ from llmrl.config.evaluate import EvalConfig
 from llmrl.config.grpo import GRPOConfig
 from llmrl.config.sft import SFTConfig
 from llmrl.stages.registry import STAGES
-from tests.train.conftest import REPO, run_cli
+from tests.support.cli import run_cli
+from tests.support.paths import REPO
 
 
 def _fails(capsys: pytest.CaptureFixture, *args: str) -> str:

@@ -9,8 +9,8 @@ import pytest
 from llmrl.core.weights_checksum import WeightChecksumError, weights_checksum
 from llmrl.models import tiny_model
 from llmrl.transports import BroadcastWeightUpdater, PackedStateDict, RayObjectStoreWeightUpdater
-from tests.collectors.factories import TinyPolicyFactory, perturbed
-from tests.collectors.ray_local import actor_runtime_env, local_ray  # noqa: F401
+from tests.support.factories import TinyPolicyFactory, perturbed
+from tests.support.ray_local import actor_runtime_env
 
 ray = pytest.importorskip("ray")
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def actors(local_ray, session_cache, tokenizer):  # noqa: F811 (tokenizer: cached first)
+def actors(local_ray, session_cache, tokenizer):
     from llmrl.collectors import InferenceActor
 
     options = {

@@ -15,7 +15,6 @@ from llmrl.transports.rollouts import (
     in_process_rollouts,
     ray_rollouts,
 )
-from tests.collectors.ray_local import local_ray  # noqa: F401
 
 
 def row(traj: int, turn: int, version: int | None) -> TensorDict:
@@ -73,7 +72,7 @@ def test_receive_waits_for_a_batch_and_times_out():
 
 
 @pytest.mark.integration
-def test_through_a_ray_inbox(local_ray):  # noqa: F811
+def test_through_a_ray_inbox(local_ray):
     ray = local_ray
     sender, receiver = ray_rollouts()
     try:

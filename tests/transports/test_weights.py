@@ -19,7 +19,7 @@ from llmrl.transports import (
     WeightSyncStats,
     weights_checksum,
 )
-from tests.collectors.factories import perturbed
+from tests.support.factories import perturbed
 
 GREEDY = {"max_new_tokens": 6, "do_sample": False}
 HAS_CUDA_AND_VLLM = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None

@@ -14,7 +14,7 @@ import torch
 
 from llmrl.policies.vllm_engine import VLLMEngine
 from llmrl.policies.vllm_wrapper import vLLMWrapper
-from tests.policies.conftest import history_batch
+from tests.support.chats import history_batch
 from tests.vllm.conftest import (
     ATOL,
     assert_close_rows,

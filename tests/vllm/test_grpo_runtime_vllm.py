@@ -15,20 +15,24 @@ from llmrl.config import load_config
 from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
-from tests.collectors.ray_local import REPO_ROOT, local_ray  # noqa: F401
-from tests.runtime.fixed_reward_task import FixedRewardTask
-from tests.train.conftest import REPO, _isolated, arithmetic_data  # noqa: F401
+from tests.support.fixed_reward_task import FixedRewardTask
+from tests.support.paths import REPO
 from tests.vllm.conftest import ATOL, assert_close_rows, hf_log_probs
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("isolated_stage"),
+]
 
 CONFIG = REPO / "configs" / "grpo-vllm-cpu.yaml"
 PROBE = [1, 9690, 198, 504, 3458, 28, 253, 9516, 30, 216, 33, 34]
 
 
 def test_grpo_on_a_vllm_cpu_engine_keeps_the_engine_equal_to_the_trainer(
-    local_ray,  # noqa: F811
-    arithmetic_data,  # noqa: F811
+    local_ray,
+    arithmetic_data,
     vllm_tiny_dir,
     tmp_path,
     monkeypatch,
@@ -59,7 +63,7 @@ def test_grpo_on_a_vllm_cpu_engine_keeps_the_engine_equal_to_the_trainer(
     assert config.topology.inference.engine_gpus == 0 and config.topology.trainer.world_size == 2
     start = load_model(vllm_tiny_dir, dtype=torch.float32).eval()
     runtime_env = actor_runtime_env()
-    runtime_env["env_vars"]["PYTHONPATH"] = str(REPO_ROOT)  # the env workers import the task
+    runtime_env["env_vars"]["PYTHONPATH"] = str(REPO)  # the env workers import the task
     runtime = GRPORuntime(config=config, topology=resolve_topology(config), runtime_env=runtime_env)
     try:
         import ray

@@ -19,7 +19,7 @@ from llmrl.policies import TransformersWrapper
 from llmrl.policies.generation_kwargs import GenerationKwargsError
 from llmrl.policies.vllm_engine import VLLMEngine
 from llmrl.policies.vllm_wrapper import vLLMWrapper
-from tests.policies.conftest import PROMPTS, history_batch
+from tests.support.chats import PROMPTS, history_batch
 from tests.vllm.conftest import (
     assert_close_rows,
     assert_trainer_reproduces_sampled_log_probs,

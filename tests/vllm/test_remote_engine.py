@@ -19,15 +19,20 @@ from llmrl.config.evaluate import EvalConfig
 from llmrl.policies import TransformersWrapper, vLLMWrapper
 from llmrl.policies.remote_vllm import RemoteEngineError, RemoteVLLMEngine
 from llmrl.stages.evaluate import evaluate
-from tests.policies.conftest import history_batch
-from tests.train.conftest import _isolated, arithmetic_data, stage_config  # noqa: F401
+from tests.support.chats import history_batch
+from tests.support.configs import stage_config
 from tests.vllm.conftest import (
     assert_close_rows,
     assert_trainer_reproduces_sampled_log_probs,
     hf_log_probs,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("isolated_stage"),
+]
 
 START_TIMEOUT_S = 300
 
@@ -129,7 +134,7 @@ def test_an_unreachable_or_wrong_server_names_the_url(server_url):
 def test_an_evaluation_served_by_another_process_matches_the_local_one(
     server_url,
     model_dir,
-    arithmetic_data,  # noqa: F811
+    arithmetic_data,
 ):
     def run(label: str, *extra: str) -> tuple[float, list[dict]]:
         config = stage_config(

@@ -1,11 +1,9 @@
-"""A local Ray for collector tests, and the environment its actors need.
-
-Shared by ``tests/collectors`` and ``tests/reliability``: import ``local_ray`` into a test module
-to use it (``from tests.collectors.ray_local import local_ray  # noqa: F401``).
-"""
+"""A local Ray for tests (the ``local_ray`` fixture in ``tests/conftest.py`` starts one per
+module), and the runtime environment its actors need."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -15,12 +13,13 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
-@pytest.fixture(scope="module")
-def local_ray(session_cache: Path) -> Iterator[Any]:
-    """A local Ray with 2 CPUs, no dashboard and no auth token, shut down after the module."""
+@contextlib.contextmanager
+def started_local_ray() -> Iterator[Any]:
+    """A local Ray with 2 CPUs, no dashboard and no auth token (the test is skipped without
+    Ray), shut down on exit; its temporary folder is removed unless ``RAY_TMPDIR`` names one."""
     ray = pytest.importorskip("ray")
     own_tmp = None if os.environ.get("RAY_TMPDIR") else tempfile.mkdtemp(prefix="ray-")
     with pytest.MonkeyPatch.context() as patch:
@@ -28,8 +27,10 @@ def local_ray(session_cache: Path) -> Iterator[Any]:
         if own_tmp is not None:
             patch.setenv("RAY_TMPDIR", own_tmp)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        yield ray
-        ray.shutdown()
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
     if own_tmp is not None:
         shutil.rmtree(own_tmp, ignore_errors=True)
 
@@ -41,6 +42,6 @@ def actor_runtime_env(session_cache: Path) -> dict[str, Any]:
         "LLMRL_CACHE": str(session_cache),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": str(REPO),
     }
     return {"env_vars": env_vars}

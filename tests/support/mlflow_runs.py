@@ -1,5 +1,6 @@
-"""Runs a test logs itself, shaped like a pipeline's: a parent run with held-out accuracies and
-a GRPO run with its reward per step (``tests/tracking`` and ``tests/flows`` compare them)."""
+"""MLflow runs read back (metric histories, artifact files) and runs a test logs itself, shaped
+like a pipeline's: a parent run with held-out accuracies and a GRPO run with its reward per step
+(``tests/tracking`` and ``tests/flows`` compare them)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,26 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def metric_steps(uri: str, run_id: str, key: str) -> list[int]:
+    """The steps at which ``key`` was logged in the run, in logging order."""
+    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, key)]
+
+
+def metric_values(uri: str, run_id: str, key: str) -> list[float]:
+    """The values of ``key`` by step."""
+    history = MlflowClient(uri).get_metric_history(run_id, key)
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+def artifact_paths(uri: str, run_id: str, path: str | None = None) -> list[str]:
+    """Every artifact file of the run under ``path``, recursively."""
+    client = MlflowClient(uri)
+    found = []
+    for item in client.list_artifacts(run_id, path):
+        found += artifact_paths(uri, run_id, item.path) if item.is_dir else [item.path]
+    return found
 
 
 class Runs:

@@ -1,43 +1,25 @@
-"""Validate objects as the Kubernetes API server does: custom resources against their CRD's
-structural ``openAPIV3Schema``, core kinds against kubernetes-validate's bundled schemas.
-
-The KubeRay CRDs come from ``<repo>/../shared/kuberay-crds/v<version>/ray.io_<plural>.yaml``
-(:data:`KUBERAY_CRDS`); tests skip with :func:`missing_crds` when they are not there.
-
-Structural-schema semantics (apiextensions.k8s.io/v1): ``type``, ``required``, ``enum``,
-``nullable`` (a ``null`` in a non-nullable field is pruned, as the server does),
+"""Validate objects as the Kubernetes API server does against a CRD's structural
+``openAPIV3Schema`` (apiextensions.k8s.io/v1): ``type``, ``required``, ``enum``, ``nullable``
+(a ``null`` in a non-nullable field is pruned, as the server does),
 ``x-kubernetes-int-or-string``, ``x-kubernetes-preserve-unknown-fields`` (anything below),
 ``x-kubernetes-embedded-resource``, ``additionalProperties``, ``format`` (int32, int64,
 date-time), bounds and lengths, ``pattern``, list types ``set``/``map``, and
 ``anyOf``/``allOf``/``oneOf``/``not``. A field the schema does not name is an *unknown field*:
 the server drops it, or refuses the object with ``fieldValidation=Strict``. CEL rules
-(``x-kubernetes-validations``) are not evaluated.
-
-Example::
-
-    errors = validate_custom_object(rayjob, "1.7.0")   # [] when valid
-    str(errors[0])  # 'spec.rayClusterSpec.headGroupSpec: Required value'
+(``x-kubernetes-validations``) are not evaluated. :mod:`tests.support.crd_schema` applies it to
+the KubeRay CRDs.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-SHARED = (REPO / ".." / "shared").resolve()
-KUBERAY_CRDS = SHARED / "kuberay-crds"
-KUBERAY_KINDS = {"RayJob": "rayjobs", "RayCluster": "rayclusters"}
-"""KubeRay kinds and their CRDs' plurals (``ray.io_<plural>.yaml``)."""
 OBJECT_META_FIELDS = frozenset(
     {
         "name",
@@ -89,58 +71,6 @@ class Checked:
         """Every error, unknown fields first (as ``fieldValidation=Strict`` refuses them)."""
         unknown = [FieldError(path, "FieldValueUnknown", "unknown field") for path in self.unknown]
         return unknown + self.errors
-
-
-# ------------------------------------------------------------------------ the CRDs
-
-
-class CRDNotFoundError(FileNotFoundError):
-    """A CRD file of :data:`KUBERAY_CRDS` is missing."""
-
-
-def crd_path(version: str, plural: str) -> Path:
-    """``<shared>/kuberay-crds/v<version>/ray.io_<plural>.yaml``."""
-    return KUBERAY_CRDS / f"v{version.removeprefix('v')}" / f"ray.io_{plural}.yaml"
-
-
-def missing_crds(versions: tuple[str, ...], plurals: tuple[str, ...] = ("rayjobs",)) -> str | None:
-    """Why the CRDs of ``versions`` cannot be used (a reason for ``pytest.skip``), or None."""
-    missing = [crd_path(v, p) for v in versions for p in plurals if not crd_path(v, p).is_file()]
-    if not missing:
-        return None
-    names = ", ".join(str(path) for path in missing)
-    return f"../shared/kuberay-crds not found: {names} (the KubeRay CRDs live next to the repo)"
-
-
-@functools.cache
-def crd_schema(version: str, plural: str, served: str = "v1") -> dict[str, Any]:
-    """The ``openAPIV3Schema`` of version ``served`` of a KubeRay CRD (parsed once)."""
-    path = crd_path(version, plural)
-    if not path.is_file():
-        raise CRDNotFoundError(missing_crds((version,), (plural,)))
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    crd = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
-    for entry in crd["spec"]["versions"]:
-        if entry["name"] == served:
-            return entry["schema"]["openAPIV3Schema"]
-    raise KeyError(f"{path}: no version {served!r}")
-
-
-def check_custom_object(obj: Mapping[str, Any], version: str) -> Checked:
-    """A RayJob or RayCluster checked against the CRD of KubeRay ``version``."""
-    kind = obj.get("kind")
-    if kind not in KUBERAY_KINDS:
-        raise ValueError(f"not a KubeRay kind: {kind!r}; expected one of {sorted(KUBERAY_KINDS)}")
-    checked = check(obj, crd_schema(version, KUBERAY_KINDS[kind]))
-    if obj.get("apiVersion") != "ray.io/v1":
-        detail = f'Unsupported value: {_show(obj.get("apiVersion"))}: supported values: "ray.io/v1"'
-        checked.errors.append(FieldError("apiVersion", "FieldValueNotSupported", detail))
-    return checked
-
-
-def validate_custom_object(obj: Mapping[str, Any], version: str) -> list[FieldError]:
-    """Every error of a KubeRay object, unknown fields included (``fieldValidation=Strict``)."""
-    return check_custom_object(obj, version).strict_errors()
 
 
 # ------------------------------------------------------------------------ the walker
@@ -253,14 +183,14 @@ class _Walker:
             self.error(
                 f"{path}.name",
                 "FieldValueInvalid",
-                f"Invalid value: {_show(name)}: a lowercase RFC 1123 subdomain must consist of "
+                f"Invalid value: {show(name)}: a lowercase RFC 1123 subdomain must consist of "
                 "lower case alphanumeric characters, '-' or '.', and must start and end with an "
                 "alphanumeric character",
             )
         return meta
 
     def type_error(self, path: str, value: Any, expected: str) -> None:
-        got = _json_type(value)
+        got = json_type(value)
         detail = f'Invalid value: "{got}": {path} in body must be of type {expected}: "{got}"'
         self.error(path, "FieldValueTypeInvalid", detail)
 
@@ -285,7 +215,7 @@ class _Walker:
 
     def invalid(self, path: str, value: Any, what: str) -> None:
         self.error(
-            path, "FieldValueInvalid", f"Invalid value: {_show(value)}: {path} in body {what}"
+            path, "FieldValueInvalid", f"Invalid value: {show(value)}: {path} in body {what}"
         )
 
 
@@ -302,10 +232,10 @@ def _quiet(value: Any, schema: Mapping[str, Any]) -> list[FieldError]:
 def _enum(value: Any, schema: Mapping[str, Any], path: str) -> tuple[str, str] | None:
     if "enum" not in schema or any(_same(value, option) for option in schema["enum"]):
         return None
-    supported = ", ".join(_show(option) for option in schema["enum"])
+    supported = ", ".join(show(option) for option in schema["enum"])
     return (
         "FieldValueNotSupported",
-        f"Unsupported value: {_show(value)}: supported values: {supported}",
+        f"Unsupported value: {show(value)}: supported values: {supported}",
     )
 
 
@@ -321,7 +251,7 @@ def _format(value: Any, schema: Mapping[str, Any], path: str) -> tuple[str, str]
     if form == "date-time" and isinstance(value, str) and not _DATE_TIME.match(value):
         return (
             "FieldValueInvalid",
-            f"Invalid value: {_show(value)}: {path} in body must be of type date-time",
+            f"Invalid value: {show(value)}: {path} in body must be of type date-time",
         )
     return None
 
@@ -359,7 +289,7 @@ def _sizes(value: Any, schema: Mapping[str, Any], path: str) -> tuple[str, str] 
     if low is not None and len(value) < low:
         return (
             "FieldValueInvalid",
-            f"Invalid value: {_show(value)}: {path} in body should have at least {low} {unit}",
+            f"Invalid value: {show(value)}: {path} in body should have at least {low} {unit}",
         )
     if high is not None and len(value) > high:
         return "FieldValueTooLong", f"Too long: may not be more than {high} {unit}"
@@ -368,7 +298,7 @@ def _sizes(value: Any, schema: Mapping[str, Any], path: str) -> tuple[str, str] 
 
 def _pattern(value: Any, schema: Mapping[str, Any], path: str) -> tuple[str, str] | None:
     if "pattern" in schema and isinstance(value, str) and not re.search(schema["pattern"], value):
-        detail = f"Invalid value: {_show(value)}: {path} in body should match '{schema['pattern']}'"
+        detail = f"Invalid value: {show(value)}: {path} in body should match '{schema['pattern']}'"
         return "FieldValueInvalid", detail
     return None
 
@@ -426,7 +356,8 @@ def _has_type(value: Any, expected: str) -> bool:
     }.get(expected, lambda: True)()
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type name of ``value`` (``"null"`` for None), as the server reports it."""
     for name in ("boolean", "integer", "number", "string", "array", "object"):
         if _has_type(value, name):
             return name
@@ -434,92 +365,9 @@ def _json_type(value: Any) -> str:
 
 
 def _same(a: Any, b: Any) -> bool:
-    return _json_type(a) == _json_type(b) and a == b
+    return json_type(a) == json_type(b) and a == b
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """``value`` as an error message quotes it (JSON, containers cut at 80 characters)."""
     return json.dumps(value) if not isinstance(value, (dict, list)) else json.dumps(value)[:80]
-
-
-# ------------------------------------------------------------------------ core kinds
-
-
-def check_core_object(obj: Mapping[str, Any], kubernetes_version: str = "1.30") -> Checked:
-    """A built-in kind (Job, ConfigMap, Pod...) checked against kubernetes-validate's strict
-    schema of the newest Kubernetes release not newer than ``kubernetes_version``; the value is
-    ``obj`` without its unknown fields."""
-    validator = _core_validator(obj["kind"], obj["apiVersion"], kubernetes_version)
-    checked = Checked(copy.deepcopy(dict(obj)))
-    for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.path))):
-        path = _json_path(error.absolute_path)
-        if error.validator == "additionalProperties":
-            known = set(error.schema.get("properties") or {})
-            for name in sorted(set(error.instance) - known):
-                checked.unknown.append(f"{path}.{name}" if path else name)
-                _remove(checked.value, [*error.absolute_path, name])
-        elif error.validator == "required":
-            for name in error.validator_value:
-                if name not in error.instance:
-                    where = f"{path}.{name}" if path else name
-                    checked.errors.append(FieldError(where, "FieldValueRequired", "Required value"))
-        elif error.validator == "type":
-            expected = [t for t in _as_list(error.validator_value) if t != "null"]
-            got = _json_type(error.instance)
-            detail = f'Invalid value: "{got}": {path} in body must be of type {",".join(expected)}'
-            checked.errors.append(FieldError(path, "FieldValueTypeInvalid", detail))
-        elif error.validator == "enum":
-            supported = ", ".join(_show(v) for v in error.validator_value if v is not None)
-            detail = f"Unsupported value: {_show(error.instance)}: supported values: {supported}"
-            checked.errors.append(FieldError(path, "FieldValueNotSupported", detail))
-        else:
-            detail = f"Invalid value: {_show(error.instance)}: {error.message}"
-            checked.errors.append(FieldError(path, "FieldValueInvalid", detail))
-    checked.unknown.sort()
-    return checked
-
-
-def validate_core_object(
-    obj: Mapping[str, Any], kubernetes_version: str = "1.30"
-) -> list[FieldError]:
-    """:func:`check_core_object`'s errors, unknown fields included."""
-    return check_core_object(obj, kubernetes_version).strict_errors()
-
-
-@functools.cache
-def _core_validator(kind: str, api_version: str, kubernetes_version: str) -> Any:
-    import jsonschema
-    import kubernetes_validate.utils as kv
-    from referencing import Registry, Resource
-
-    wanted = kv.major_minor(kubernetes_version.removeprefix("v"))
-    releases = [v for v in kv.all_versions() if _release(kv.major_minor(v)) <= _release(wanted)]
-    folder = f"kubernetes-json-schema/v{releases[-1]}-local-strict"
-    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
-    try:
-        schema = kv.schema_contents(f"{folder}/{kind.lower()}-{group_version}.json", wanted)
-    except FileNotFoundError:
-        raise KeyError(f"no schema for {api_version} {kind} in Kubernetes {wanted}") from None
-    definitions = kv.schema_contents(f"{folder}/_definitions.json", wanted)
-    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
-    return jsonschema.Draft202012Validator(schema, registry=registry)
-
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
-def _json_path(parts: Any) -> str:
-    path = ""
-    for part in parts:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def _remove(obj: Any, parts: list[Any]) -> None:
-    for part in parts[:-1]:
-        obj = obj[part]
-    obj.pop(parts[-1], None)
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]

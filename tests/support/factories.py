@@ -1,4 +1,4 @@
-"""Picklable env and policy factories for the Ray collector tests, and a weight perturbation.
+"""Picklable env and policy factories for the Ray tests, and a weight perturbation.
 
 Kept apart from the test modules (and from ``tests/conftest.py``, which makes a fresh cache
 folder when imported): Ray actors import this module to rebuild the factories.

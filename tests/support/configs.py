@@ -1,0 +1,22 @@
+"""Stage configs as the CLI builds them, and a hostile YAML config."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def stage_config(config_cls: type, *overrides: str, **fields: Any) -> Any:
+    """A stage config as the CLI builds it: ``--set``-style ``overrides`` (``"a.b=1"``) and
+    keyword ``fields`` (top-level values, e.g. ``steps=3``) on top of the defaults."""
+    from llmrl.config import load_config
+
+    sets = [*overrides, *(f"{key}={json.dumps(value)}" for key, value in fields.items())]
+    return load_config(config_cls, None, ["progress=false", *sets])
+
+
+BOMB = "generate:\n  options:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"    {n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n"
+    for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+"""Billion laughs: nine levels of nine aliases each, 9**9 (387 million) strings once expanded."""
