@@ -8,8 +8,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from tests.flows import crd_schema
 from tests.flows.rbac import Attributes, group_resource
+from tests.support import crd_schema
 
 MERGE_KEYS = {
     "ownerReferences": "uid",
