@@ -60,7 +60,9 @@ def main() -> None:
         model=args.model, dtype="float32", device="cpu", generate_kwargs={}, batch_rows=1
     )
     actors = [
-        ray.remote(InferenceActor).options(num_cpus=0, max_concurrency=2).remote(engine)
+        ray.remote(InferenceActor)
+        .options(num_cpus=0, max_concurrency=2)
+        .remote(policy_factory=engine)
         for _ in range(args.engines)
     ]
     ray.get([actor.ready.remote() for actor in actors])

@@ -27,7 +27,9 @@ def actors(local_ray, session_cache, tokenizer):
         "runtime_env": actor_runtime_env(session_cache),
     }
     handles = [
-        ray.remote(InferenceActor).options(**options).remote(policy_factory=TinyPolicyFactory(seed=0))
+        ray.remote(InferenceActor)
+        .options(**options)
+        .remote(policy_factory=TinyPolicyFactory(seed=0))
         for _ in range(2)
     ]
     ray.get([actor.ready.remote() for actor in handles])
