@@ -151,10 +151,105 @@ def run_sft(config: SFTConfig) -> SFTResult:
         chat_examples(train_rows[: config.data.max_train_rows], task), tokenizer, config.max_length
     )
     evals = chat_examples(eval_rows[: config.data.max_eval_rows], task) if eval_rows else []
+    parts = _build_parts(config, tokenizer, train)
+    checkpoints, state = open_checkpoints(
+        config.checkpoint, parts.model, parts.optimizer, parts.scheduler
+    )
+    folder = config.checkpoint.dir
+    start = state.step if state else 0
+    if state:
+        parts.batches.load_state_dict(state.extra["batches"])
+        logger.info("resuming SFT from step %d (%s)", start, latest_checkpoint(folder))
+    run_id = state.extra.get("mlflow_run_id") if state else None
 
+    skipped = state.extra.get("skipped_steps", 0) if state else 0
+    train_loss, eval_loss = math.nan, None
+    with stage_tracker("sft", config, run_id=run_id, checkpoint_dir=folder) as tracker:
+        tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
+        log_prepared_data(tracker, config.data.path, manifest)  # eval rows: eval loss
+        bar = step_bar("sft", start, config.steps, config.progress)
+        for step in bar:
+            step_started = time.perf_counter()
+            reset_peak_memory(config.model.device)
+            metrics = _train_step(parts, config)
+            if metrics.pop("stepped"):
+                train_loss = metrics["loss"]
+            else:
+                skipped += 1
+                logger.warning("step %d: non-finite loss or gradient norm; skipped", step)
+            done = step + 1
+            metrics.update(
+                skipped_steps=skipped,
+                step_seconds=time.perf_counter() - step_started,
+                peak_memory_mb=peak_memory_mb(config.model.device),
+            )
+            if evals and (done % config.eval_every == 0 or done == config.steps):
+                eval_loss = _eval_loss(parts.score, evals, config)
+                metrics["eval_loss"] = eval_loss
+            tracker.log_metrics(metrics, step=done)
+            bar.set_postfix(
+                loss=f"{metrics['loss']:.3f}",
+                eval=f"{eval_loss:.3f}" if eval_loss else "-",
+                mem=f"{metrics['peak_memory_mb']:.0f}MB",
+            )
+            if done % config.checkpoint.every == 0 or done == config.steps:
+                extra = {
+                    "batches": parts.batches.state_dict(),
+                    "skipped_steps": skipped,
+                    "mlflow_run_id": tracker.run_id,
+                }
+                kept = eval_loss if eval_loss is not None else metrics["loss"]
+                payload = parts.payload(done, extra, {"eval_loss": kept})
+                tracker.log_checkpoint(checkpoints.save(payload), done)
+        final = latest_checkpoint(folder)
+        register_final_model(tracker, "sft", config, final)
+    return SFTResult(
+        step=config.steps,
+        final_checkpoint=str(Path(final) / "model") if final else "",
+        train_loss=train_loss,
+        eval_loss=eval_loss,
+        skipped_steps=skipped,
+        seconds=time.perf_counter() - started,
+    )
+
+
+@dataclass
+class _SFTParts:
+    """What a step of the stage works with: the trained model, its loss, optimizer and data."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    precision: TrainingPrecision
+    score: SFTScorer
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    batches: ChatBatches
+
+    def payload(
+        self, step: int, extra: dict[str, Any], metrics: dict[str, float]
+    ) -> CheckpointPayload:
+        """The checkpoint after ``step``: weights (and float32 masters when mixed), optimizer,
+        scheduler, the data position and the run's counters in ``extra``."""
+        model_state, masters = self.precision.checkpoint_weights(self.model)
+        return CheckpointPayload(
+            step=step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            extra=extra,
+            metrics=metrics,
+            model_state=model_state,
+            master_weights=masters,
+        )
+
+
+def _build_parts(config: SFTConfig, tokenizer: Any, train: list[list[dict]]) -> _SFTParts:
+    """The trained model (float32 masters under mixed precision), the loss over it (with the
+    frozen reference when ``reference``), AdamW with its schedule, and the shuffled batches."""
     precision = TrainingPrecision.of(config.model)
     precision.warn_if_pure()
-    model = load_trainable_model(config.model, config.lora)  # float32 masters when mixed
+    model = load_trainable_model(config.model, config.lora)
     actor = TransformersWrapper(
         model,
         tokenizer,
@@ -183,94 +278,43 @@ def run_sft(config: SFTConfig) -> SFTResult:
         if config.reference
         else None
     )
-    score = SFTScorer(loss_fn, reference, lambda: precision.autocast(model))
     optimizer, scheduler = build_optimizer(model, config.optimizer, config.steps)
-    batches = ChatBatches(train, config.batch_size, config.seed)
-    checkpoints, state = open_checkpoints(config.checkpoint, model, optimizer, scheduler)
-    folder = config.checkpoint.dir
-    start = state.step if state else 0
-    if state:
-        batches.load_state_dict(state.extra["batches"])
-        logger.info("resuming SFT from step %d (%s)", start, latest_checkpoint(folder))
-    run_id = state.extra.get("mlflow_run_id") if state else None
-
-    skipped = state.extra.get("skipped_steps", 0) if state else 0
-    train_loss, eval_loss = math.nan, None
-    with stage_tracker("sft", config, run_id=run_id, checkpoint_dir=folder) as tracker:
-        tracker.log_params({"dataset.digest": manifest.get("digest"), "train_examples": len(train)})
-        log_prepared_data(tracker, config.data.path, manifest)  # eval rows: eval loss
-        bar = step_bar("sft", start, config.steps, config.progress)
-        for step in bar:
-            step_started = time.perf_counter()
-            reset_peak_memory(config.model.device)
-            total = 0.0
-            parts: dict[str, float] = {}
-            for _ in range(config.grad_accum):
-                out = score(next(batches))
-                (out.loss / config.grad_accum).backward()
-                total += float(out.loss.detach()) / config.grad_accum
-                for name, value in loss_parts(out).items():
-                    parts[name] = parts.get(name, 0.0) + value / config.grad_accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), config.optimizer.grad_clip
-            )
-            metrics = {
-                "loss": total,
-                **parts,
-                "grad_norm": float(grad_norm),
-                "lr": scheduler.get_last_lr()[0],
-            }
-            if math.isfinite(total) and math.isfinite(float(grad_norm)):
-                optimizer.step()
-                train_loss = total
-            else:
-                skipped += 1
-                logger.warning("step %d: non-finite loss or gradient norm; skipped", step)
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            done = step + 1
-            metrics.update(
-                skipped_steps=skipped,
-                step_seconds=time.perf_counter() - step_started,
-                peak_memory_mb=peak_memory_mb(config.model.device),
-            )
-            if evals and (done % config.eval_every == 0 or done == config.steps):
-                eval_loss = _eval_loss(score, evals, config)
-                metrics["eval_loss"] = eval_loss
-            tracker.log_metrics(metrics, step=done)
-            bar.set_postfix(
-                loss=f"{total:.3f}",
-                eval=f"{eval_loss:.3f}" if eval_loss else "-",
-                mem=f"{metrics['peak_memory_mb']:.0f}MB",
-            )
-            if done % config.checkpoint.every == 0 or done == config.steps:
-                model_state, masters = precision.checkpoint_weights(model)
-                payload = CheckpointPayload(
-                    step=done,
-                    model=model,
-                    tokenizer=tokenizer,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    extra={
-                        "batches": batches.state_dict(),
-                        "skipped_steps": skipped,
-                        "mlflow_run_id": tracker.run_id,
-                    },
-                    metrics={"eval_loss": eval_loss if eval_loss is not None else total},
-                    model_state=model_state,
-                    master_weights=masters,
-                )
-                tracker.log_checkpoint(checkpoints.save(payload), done)
-        final = latest_checkpoint(folder)
-        register_final_model(tracker, "sft", config, final)
-    return SFTResult(
-        step=config.steps,
-        final_checkpoint=str(Path(final) / "model") if final else "",
-        train_loss=train_loss,
-        eval_loss=eval_loss,
-        skipped_steps=skipped,
-        seconds=time.perf_counter() - started,
+    return _SFTParts(
+        model=model,
+        tokenizer=tokenizer,
+        precision=precision,
+        score=SFTScorer(loss_fn, reference, lambda: precision.autocast(model)),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        batches=ChatBatches(train, config.batch_size, config.seed),
     )
+
+
+def _train_step(parts: _SFTParts, config: SFTConfig) -> dict[str, Any]:
+    """One optimizer step over ``grad_accum`` micro-batches: the loss (and its parts), the
+    gradient norm, the learning rate, and ``stepped`` (False: a non-finite loss or gradient
+    norm, so the optimizer skipped this step; the scheduler moves on either way)."""
+    total = 0.0
+    loss_terms: dict[str, float] = {}
+    for _ in range(config.grad_accum):
+        out = parts.score(next(parts.batches))
+        (out.loss / config.grad_accum).backward()
+        total += float(out.loss.detach()) / config.grad_accum
+        for name, value in loss_parts(out).items():
+            loss_terms[name] = loss_terms.get(name, 0.0) + value / config.grad_accum
+    grad_norm = torch.nn.utils.clip_grad_norm_(parts.model.parameters(), config.optimizer.grad_clip)
+    metrics: dict[str, Any] = {
+        "loss": total,
+        **loss_terms,
+        "grad_norm": float(grad_norm),
+        "lr": parts.scheduler.get_last_lr()[0],
+    }
+    metrics["stepped"] = math.isfinite(total) and math.isfinite(float(grad_norm))
+    if metrics["stepped"]:
+        parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.scheduler.step()
+    return metrics
 
 
 class SFTScorer:
