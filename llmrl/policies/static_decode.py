@@ -11,9 +11,9 @@ Costs, measured in ``benchmarks/README.md``: the first call with a new number of
 cache length compiles the step (tens of seconds on a CPU); cache lengths are rounded up to
 :data:`CACHE_BUCKET` positions so prompts of different widths reuse one graph, and each step
 then attends over the whole bucket (masked), which is cheap next to the matmuls at these sizes.
-It pays on CUDA, where the step runs as a CUDA graph (3.4-7.1x raw ``generate`` on an H100,
-against 0.70-0.98x for the eager decode loop, which is launch-bound there), and not on a CPU
-(0.57-0.65x the decode loop): :func:`resolve_compile_decode` turns it on for CUDA only.
+It pays on CUDA, where the step runs as a CUDA graph and the eager decode loop is launch-bound,
+and not on a CPU (figures: ``benchmarks/results/gpu.json`` and ``docs/measurements.md``):
+:func:`resolve_compile_decode` turns it on for CUDA only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`grpo_step`: one GRPO iteration over the parts that compose it, wherever they run.
 
 The same function is the step of :class:`~llmrl.runtime.GRPORuntime` (engines, env workers and
-trainer ranks as Ray actors), of ``benchmarks/inprocess.py``'s ``InProcessGRPO`` (the same parts
-in one process, for timing the algorithm) and so of every benchmark built on either. Each
+trainer ranks as Ray actors), of :class:`~llmrl.runtime.grpo_loop.InProcessGRPO` (the same parts
+in one process: a researcher's script, the benchmarks' one-process contender) and so of every
+benchmark built on either. Each
 composition only builds its :class:`StepParts`; what a step does, and the metrics it reports,
 are here::
 
