@@ -298,9 +298,9 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's to fix: reported in one message, exit code 2, no traceback."""
     errors: list[type[Exception]] = [ModelSpecError, MissingExtraError, ConfigError]
     # The data readers pull in torch via llmrl.data; their errors exist only once they are loaded.
-    datasets = sys.modules.get("llmrl.data.datasets")
-    if datasets is not None:
-        errors += [datasets.DatasetError, datasets.MissingDatasetsError]
+    dataset_errors = sys.modules.get("llmrl.data.dataset_error")
+    if dataset_errors is not None:
+        errors += [dataset_errors.DatasetError, dataset_errors.MissingDatasetsError]
     return tuple(errors)
 
 

@@ -1,4 +1,4 @@
-"""The error every dataset reader raises: what is wrong, with the file, row and field named."""
+"""The errors dataset readers raise: bad data (file, row and field named), or a missing package."""
 
 from __future__ import annotations
 
@@ -61,3 +61,17 @@ class DatasetError(ValueError):
 
 def _rebuild_dataset_error(problem: str, kwargs: dict[str, Any]) -> DatasetError:
     return DatasetError(problem, **kwargs)
+
+
+class MissingDatasetsError(ImportError):
+    """Reading a ``datasets`` directory or a hub id needs the ``datasets`` package."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(
+            f"reading {source} (a datasets directory or hub id) needs the 'datasets' package, "
+            "which is not installed. Install it with: pip install datasets"
+        )
+        self.source = source
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.source,))

@@ -1,6 +1,6 @@
 """JSON and JSONL text read within bounds: lines never held beyond :data:`MAX_ROW_BYTES`,
 nesting checked before parsing (:data:`MAX_JSON_DEPTH`), UTF-8 and lone surrogates reported
-with the file and row. The dataset readers (:mod:`llmrl.data.datasets`) and the prepared-data
+with the file and row. The dataset readers (:mod:`llmrl.data.file_readers`) and the prepared-data
 loader use these."""
 
 from __future__ import annotations

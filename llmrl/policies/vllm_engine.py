@@ -29,7 +29,7 @@ import torch
 
 from llmrl.core.errors import MissingExtraError
 from llmrl.core.weights_checksum import combine_entries, verify_checksum
-from llmrl.data.datasets import sha256_file
+from llmrl.data.sources import sha256_file
 from llmrl.policies import vllm_file_transfer
 from llmrl.policies.vllm_worker_extension import WORKER_EXTENSION
 

@@ -36,7 +36,7 @@ from vllm.model_executor.model_loader.reload import (
     initialize_layerwise_reload,
 )
 
-from llmrl.data.datasets import sha256_file
+from llmrl.data.sources import sha256_file
 
 
 @dataclass

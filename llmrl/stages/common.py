@@ -92,7 +92,7 @@ def log_prepared_data(
 ) -> None:
     """Log the prepared dataset's ``splits`` the stage read as its run's inputs (contexts:
     :data:`SPLIT_CONTEXTS`)."""
-    from llmrl.data.prepare import SPLIT_FILES
+    from llmrl.data.prepared_folder import SPLIT_FILES
     from llmrl.tracking import prepared_inputs
 
     files = {SPLIT_FILES[split]: SPLIT_CONTEXTS[split] for split in splits}

@@ -8,17 +8,12 @@ import pickle
 
 import pytest
 
-import llmrl.data.datasets as datasets_module
+import llmrl.data.file_readers as file_readers
 import llmrl.data.json_rows as json_rows
-from llmrl.data.datasets import (
-    DatasetError,
-    MissingDatasetsError,
-    count_rows,
-    fingerprint,
-    read_rows,
-    require_text_fields,
-    resolve_source,
-)
+from llmrl.data.dataset_error import DatasetError, MissingDatasetsError
+from llmrl.data.datasets import read_rows
+from llmrl.data.row_fields import require_text_fields
+from llmrl.data.sources import count_rows, fingerprint, resolve_source
 
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
 ROWS = [
@@ -247,7 +242,7 @@ def test_dataset_error_message_and_pickling():
 
 
 def test_a_line_over_the_row_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets_module, "MAX_ROW_BYTES", 1000)
+    monkeypatch.setattr(file_readers, "MAX_ROW_BYTES", 1000)
     path = tmp_path / "rows.jsonl"
     path.write_text('{"q": "ok"}\n' + json.dumps({"q": "x" * 5000}) + '\n{"q": "after"}\n')
     rows = read_rows(path)
@@ -298,7 +293,7 @@ def test_user_text_in_errors_is_cut_and_its_control_characters_escaped():
 def test_counting_rows_never_holds_a_huge_line(tmp_path):
     # a file of one 96 MiB line: counted 1 MiB at a time, the process's peak memory grows by
     # about a chunk, not by the line (reading the line whole would add 96 MiB)
-    from llmrl.data.datasets import DataSource, count_rows
+    from llmrl.data.sources import DataSource, count_rows
     from llmrl.train.peak_memory import peak_memory_mb, reset_peak_memory
 
     path = tmp_path / "huge.jsonl"

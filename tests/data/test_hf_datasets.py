@@ -15,8 +15,11 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from llmrl.config import PrepareConfig  # noqa: E402
-from llmrl.data.datasets import DatasetError, environment_is_offline, read_rows  # noqa: E402
-from llmrl.data.prepare import DATASETS_CACHE, load_prepared, prepare_dataset  # noqa: E402
+from llmrl.data.dataset_error import DatasetError  # noqa: E402
+from llmrl.data.datasets import read_rows  # noqa: E402
+from llmrl.data.hf_datasets import environment_is_offline  # noqa: E402
+from llmrl.data.prepare import load_prepared, prepare_dataset  # noqa: E402
+from llmrl.data.prepare_sources import DATASETS_CACHE  # noqa: E402
 
 
 def good_row(i: int) -> dict:

@@ -12,8 +12,9 @@ import pytest
 
 import llmrl.data.prepare as prepare_module
 from llmrl.config import ConfigError, PrepareConfig
-from llmrl.data.datasets import DatasetError, MissingDatasetsError
+from llmrl.data.dataset_error import DatasetError, MissingDatasetsError
 from llmrl.data.prepare import load_prepared, prepare_dataset
+from llmrl.data.prepared_folder import SplitWriter
 
 GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "gsm8k"
 
@@ -209,7 +210,7 @@ def test_crash_while_writing_leaves_nothing(tmp_path, monkeypatch):
         assert (path.parent / "train.jsonl").stat().st_size > 0  # the data files are written
         raise OSError("disk full")
 
-    monkeypatch.setattr(prepare_module, "_write_manifest", fail)
+    monkeypatch.setattr(prepare_module, "write_manifest", fail)
     config = PrepareConfig(generate={"train_size": 20, "eval_size": 5}, output_dir=tmp_path)
     with pytest.raises(OSError, match="disk full"):
         prepare_dataset(config, progress=False)
@@ -217,7 +218,7 @@ def test_crash_while_writing_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_interrupt_mid_file_leaves_nothing(tmp_path, monkeypatch):
-    original = prepare_module._SplitWriter.write
+    original = SplitWriter.write
     calls = []
 
     def write(self, split, problem):
@@ -226,7 +227,7 @@ def test_interrupt_mid_file_leaves_nothing(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         original(self, split, problem)
 
-    monkeypatch.setattr(prepare_module._SplitWriter, "write", write)
+    monkeypatch.setattr(SplitWriter, "write", write)
     source = write_jsonl(tmp_path / "rows.jsonl", [good_row(i) for i in range(1, 11)])
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset(gsm8k_config(tmp_path, source), progress=False)

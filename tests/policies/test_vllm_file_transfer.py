@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from llmrl.data.datasets import sha256_file
+from llmrl.data.sources import sha256_file
 from llmrl.policies.vllm_file_transfer import write_weights
 
 

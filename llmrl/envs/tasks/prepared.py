@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from llmrl.core.config_loading import ConfigError
-from llmrl.data.datasets import DatasetError
-from llmrl.data.prepare import read_manifest
+from llmrl.data.dataset_error import DatasetError
+from llmrl.data.prepared_folder import read_manifest
 from llmrl.envs.tasks import Task, make_task
 
 
