@@ -20,7 +20,8 @@ from llmrl.objectives.from_config import (
     build_grpo_loss,
 )
 from llmrl.objectives.grouping import GroupBuffer
-from llmrl.objectives.grpo import MASKING_STRATEGIES, GRPOLoss, GRPOLossOutput, grpo_objective
+from llmrl.objectives.grpo import MASKING_STRATEGIES, GRPOLoss
+from llmrl.objectives.grpo_objective import GRPOLossOutput, grpo_objective
 from llmrl.objectives.gspo import GSPOLoss, gspo_term
 from llmrl.objectives.policy_gradient import PolicyGradientTerm, clipped_token_term
 from llmrl.objectives.sft import LOSS_FUNCTIONS, REDUCTIONS, SFTLoss, SFTLossOutput, sft_objective

@@ -1,31 +1,9 @@
-"""GRPO: the clipped policy-gradient loss on group-relative advantages.
+"""GRPO's loss module: :class:`GRPOLoss` reads a collector's batch, scores it with the actor and
+calls :func:`~llmrl.objectives.grpo_objective.grpo_objective`, which holds the math on plain
+``[N, L]`` tensors (formulas and diagnostics in :mod:`llmrl.objectives.grpo_objective`).
 
-:func:`grpo_objective` holds the math on plain ``[N, L]`` tensors (testable without a model);
-:class:`GRPOLoss` reads a collector's batch, scores it with the actor and calls it.
-
-Per valid token ``t`` of sequence ``i`` (``A_i`` the sequence's advantage)::
-
-    r      = exp(log_probs - old_log_probs)
-    loss_t = w_t * pg_t,   pg_t = -min(r * A_i, clip(r, 1 - eps_low, 1 + eps_high) * A_i)
-    w_t    = min(exp(old_log_probs - inference_log_probs), tis_cap)   (1 without tis_cap)
-
-``pg_t`` is the *policy-gradient term* (:mod:`llmrl.objectives.policy_gradient`), the one part
-the variants change: :class:`GRPOLoss` computes it in :meth:`GRPOLoss.policy_gradient`, which
-:class:`~llmrl.objectives.GSPOLoss` (sequence-level ratio) and
-:class:`~llmrl.objectives.CISPOLoss` (clipped, detached importance weight) override.
-
-plus ``kl_to_ref_coeff * k3(ref - current)``, ``kl_to_inference_coeff * k3(inference - current)``
-and ``-entropy_coeff * entropy``, each aggregated with the same mask and mode. Diagnostics are
-detached means over the valid tokens only (0 when there are none):
-
-- ``clip_fraction``: tokens whose clipped branch is the one taken and has no gradient:
-  ``A > 0 and r > 1 + eps_high``, or ``A < 0 and r < 1 - eps_low`` (``A == 0`` never counts);
-  for a variant, the tokens its term marks ``clipped`` (see its docstring);
-- ``kl_approx``: k3 estimate of ``KL(old || current)`` on the sampled tokens,
-  ``mean((r - 1) - log r)`` (CleanRL's ``approx_kl``; exactly 0 when nothing changed);
-- ``ESS``: normalised effective sample size of the token ratios, ``(sum r)^2 / (n * sum r^2)``;
-- ``entropy``: mean token entropy (only when ``entropy`` is given);
-- ``kl_to_ref``: mean ``k3(ref - current)`` (only when ``ref_log_probs`` are given).
+Variants subclass :class:`GRPOLoss` and override its one :meth:`GRPOLoss.policy_gradient`:
+:class:`~llmrl.objectives.GSPOLoss`, :class:`~llmrl.objectives.CISPOLoss`.
 """
 
 from __future__ import annotations
@@ -33,20 +11,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from tensordict import TensorClass, TensorDictBase
+from tensordict import TensorDictBase
 from torch import nn
 
 from llmrl.data import LogProbs, unpad_sequences
 from llmrl.objectives.consistency import logprob_gap_rows
+from llmrl.objectives.grpo_objective import (
+    GRPOLossOutput,
+    check_coeffs,
+    clip_bounds,
+    grpo_objective,
+)
 from llmrl.objectives.mismatch import MismatchCorrection
-from llmrl.objectives.policy_gradient import PolicyGradient, PolicyGradientTerm, clipped_token_term
+from llmrl.objectives.policy_gradient import PolicyGradientTerm, clipped_token_term
 from llmrl.objectives.token_level import (
-    aggregate,
-    aggregation_normalizer,
     align_to_layout,
     check_aggregation,
-    k3,
-    masked_mean,
     prediction_mask,
     response_columns,
 )
@@ -60,189 +40,8 @@ if TYPE_CHECKING:
 MASKING_STRATEGIES: tuple[str, ...] = ("sft", "rlhf", "generic")
 
 
-class GRPOLossOutput(TensorClass["nocast"]):
-    """What :class:`GRPOLoss` returns: the ``loss_*`` terms (with gradients) and detached
-    diagnostics. Scalars, or ``[N, L]`` per-token terms with ``aggregation="none"``.
-
-    Example:
-        out = loss(batch)
-        out.loss.backward()  # == out.total(): the sum of the loss_* terms
-        float(out.clip_fraction), float(out.kl_approx)
-    """
-
-    loss_objective: torch.Tensor
-    loss_entropy: torch.Tensor
-    loss_kl_to_ref: torch.Tensor
-    loss_kl_to_inference: torch.Tensor
-    clip_fraction: torch.Tensor
-    kl_approx: torch.Tensor
-    ESS: torch.Tensor
-    entropy: torch.Tensor | None = None
-    kl_to_ref: torch.Tensor | None = None
-    mismatch_fraction: torch.Tensor | None = None
-    """Share of tokens (or sequences) the mismatch correction truncated or dropped."""
-    normalizer: torch.Tensor | None = None
-    """What the aggregation divided by (valid tokens, or sequences): trainer ranks weight their
-    means by it to get the whole batch's (see :mod:`llmrl.train.grpo_trainer`)."""
-    sampler_gap: torch.Tensor | None = None
-    """``[N, 4]``: how far the trainer's log-probs (the ratio's anchor when
-    ``old_log_probs_key`` is set, else the current ones) are from the sampler's on each row's
-    sampled, trained tokens (:func:`~llmrl.objectives.consistency.logprob_gap_rows`; set by
-    :class:`GRPOLoss`): the consistency audit's input."""
-
-    def total(self) -> torch.Tensor:
-        """The loss to minimise: the sum of the ``loss_*`` terms."""
-        terms = (self.loss_entropy, self.loss_kl_to_ref, self.loss_kl_to_inference)
-        return sum(terms, self.loss_objective)
-
-    @property
-    def loss(self) -> torch.Tensor:
-        """Alias of :meth:`total`."""
-        return self.total()
-
-
-def _clip_bounds(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
-    low, high = (
-        (clip_epsilon, clip_epsilon) if isinstance(clip_epsilon, (int, float)) else clip_epsilon
-    )
-    if not 0 <= low <= 1 or high < 0:
-        raise ValueError(
-            f"clip_epsilon must be >= 0 (and eps_low <= 1), got eps_low={low}, eps_high={high}"
-        )
-    return float(low), float(high)
-
-
-def _check_coeffs(**coeffs: float | None) -> None:
-    for name, value in coeffs.items():
-        if value is not None and value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-
-
-def grpo_objective(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantage: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_epsilon: float | tuple[float, float] = 0.2,
-    aggregation: str = "token_mean",
-    max_length_norm: float | None = None,
-    inference_log_probs: torch.Tensor | None = None,
-    ref_log_probs: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    kl_to_ref_coeff: float = 0.0,
-    kl_to_inference_coeff: float = 0.0,
-    entropy_coeff: float = 0.0,
-    tis_cap: float | None = None,
-    policy_gradient: PolicyGradient = clipped_token_term,
-    mismatch: MismatchCorrection | None = None,
-) -> GRPOLossOutput:
-    """The GRPO loss of ``[N, L]`` token tensors (see the module docstring for the formulas).
-
-    Args:
-        log_probs: current log-probs, with gradients.
-        old_log_probs: the ratio's anchor: log-probs of the policy that sampled.
-        advantage: ``[N]`` (or ``[N, 1]``), one per sequence.
-        mask: ``[N, L]`` bool, the tokens the loss trains on. Values elsewhere are ignored (they
-            may hold anything) and get exactly zero gradient.
-        inference_log_probs: the sampler's own log-probs, for ``kl_to_inference`` and truncated
-            importance sampling; default ``old_log_probs``.
-        ref_log_probs, entropy: needed for the KL-to-ref and entropy terms.
-        tis_cap: truncated importance sampling: multiply each token's objective by the detached
-            ``min(exp(old - inference), tis_cap)``; the same as
-            ``mismatch=MismatchCorrection("token", "truncate", tis_cap)``. Off by default.
-        mismatch: a train/inference mismatch correction (:mod:`llmrl.objectives.mismatch`):
-            token or sequence importance weights, truncated or masked; its
-            ``mismatch_fraction`` is reported. Not with ``tis_cap``.
-        policy_gradient: the per-token policy-gradient term, called with the ``clip_epsilon``
-            bounds (:mod:`llmrl.objectives.policy_gradient`); GRPO's clipped surrogate by
-            default, ``gspo_term`` or ``cispo_term`` for the variants.
-
-    Example:
-        out = grpo_objective(lp, old_lp, torch.tensor([1.0, -1.0]), mask)
-        out.loss_objective.backward()
-    """
-    eps_low, eps_high = _clip_bounds(clip_epsilon)
-    check_aggregation(aggregation, max_length_norm)
-    _check_coeffs(
-        kl_to_ref_coeff=kl_to_ref_coeff,
-        kl_to_inference_coeff=kl_to_inference_coeff,
-        entropy_coeff=entropy_coeff,
-    )
-    if tis_cap is not None and tis_cap <= 0:
-        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
-    if tis_cap is not None:
-        if mismatch is not None:
-            raise ValueError("tis_cap and mismatch both set: tis_cap is the token/truncate case")
-        mismatch = MismatchCorrection("token", "truncate", tis_cap)
-    if kl_to_ref_coeff > 0 and ref_log_probs is None:
-        raise ValueError("kl_to_ref_coeff > 0 needs ref_log_probs")
-    if entropy_coeff > 0 and entropy is None:
-        raise ValueError("entropy_coeff > 0 needs the token entropy")
-    mask = mask.bool()
-    if advantage.dim() == 2 and advantage.shape[1] == 1:
-        advantage = advantage.squeeze(1)
-    if log_probs.dim() != 2 or advantage.shape != log_probs.shape[:1]:
-        raise ValueError(
-            f"expected log_probs [N, L] and advantage [N], got {list(log_probs.shape)} and "
-            f"{list(advantage.shape)}"
-        )
-
-    def valid(values: torch.Tensor) -> torch.Tensor:  # padding must never reach the math
-        return torch.where(mask, values, torch.zeros_like(values))
-
-    current = valid(log_probs)
-    old = valid(old_log_probs.detach())
-    inference = old if inference_log_probs is None else valid(inference_log_probs.detach())
-    adv = advantage.detach().unsqueeze(1).to(current.dtype)
-
-    term = policy_gradient(current, old, adv, mask, (eps_low, eps_high))
-    objective = term.loss
-    corrected = None
-    if mismatch is not None:
-        corrected = mismatch.weights(old, inference, mask)
-        objective = objective * corrected.weight
-
-    def reduce(per_token: torch.Tensor) -> torch.Tensor:
-        return aggregate(per_token, mask, aggregation, max_length_norm)
-
-    zero = reduce(torch.zeros_like(current))
-    kl_ref_tokens = (
-        k3(valid(ref_log_probs.detach()) - current) if ref_log_probs is not None else None
-    )
-    ent = valid(entropy) if entropy is not None else None
-
-    with torch.no_grad():
-        log_ratio = current - old
-        ratio = log_ratio.exp()
-        weights = torch.where(mask, ratio, torch.zeros_like(ratio))
-        count = mask.sum()
-        ess = weights.sum() ** 2 / (count * (weights**2).sum()).clamp(min=torch.finfo().tiny)
-        diagnostics = {
-            "clip_fraction": masked_mean(term.clipped.to(current.dtype), mask),
-            "kl_approx": masked_mean(k3(log_ratio), mask),
-            "ESS": ess if count > 0 else ess.new_zeros(()),
-            "entropy": masked_mean(ent, mask) if ent is not None else None,
-            "kl_to_ref": masked_mean(kl_ref_tokens, mask) if kl_ref_tokens is not None else None,
-            "mismatch_fraction": corrected.fraction if corrected is not None else None,
-        }
-    return GRPOLossOutput(
-        loss_objective=reduce(objective),
-        loss_entropy=-entropy_coeff * reduce(ent) if entropy_coeff > 0 else zero,
-        loss_kl_to_ref=kl_to_ref_coeff * reduce(kl_ref_tokens) if kl_to_ref_coeff > 0 else zero,
-        loss_kl_to_inference=(
-            kl_to_inference_coeff * reduce(k3(inference - current))
-            if kl_to_inference_coeff > 0
-            else zero
-        ),
-        **diagnostics,
-        normalizer=aggregation_normalizer(mask, aggregation),
-        batch_size=[],
-    )
-
-
 class GRPOLoss(nn.Module):
-    """GRPO loss on a collector's batch ``[N]`` (see the module docstring for the math).
+    """GRPO loss on a collector's batch ``[N]`` (the math: :mod:`llmrl.objectives.grpo_objective`).
 
     ``forward(td)`` reads ``tokens`` (ragged or padded, with ``prompt``/``response``/``full``),
     ``masks`` (with ``assistant``), the sampling ``log_probs`` (``log_probs.response``), the
@@ -341,14 +140,14 @@ class GRPOLoss(nn.Module):
         old_log_probs_key: str | None = None,
     ) -> None:
         super().__init__()
-        self.clip_epsilon = _clip_bounds(clip_epsilon)
+        self.clip_epsilon = clip_bounds(clip_epsilon)
         check_aggregation(aggregation, max_length_norm)
         if masking_strategy not in MASKING_STRATEGIES:
             raise ValueError(
                 f"unknown masking_strategy {masking_strategy!r}; "
                 f"options: {list(MASKING_STRATEGIES)}"
             )
-        _check_coeffs(
+        check_coeffs(
             kl_to_ref_coeff=kl_to_ref_coeff,
             kl_to_inference_coeff=kl_to_inference_coeff,
             entropy_coeff=entropy_coeff,

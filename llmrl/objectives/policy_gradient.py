@@ -1,6 +1,6 @@
 """The policy-gradient term of the GRPO family of losses, one function per variant.
 
-:func:`~llmrl.objectives.grpo.grpo_objective` adds the KL and entropy terms, the truncated
+:func:`~llmrl.objectives.grpo_objective.grpo_objective` adds the KL and entropy terms, the truncated
 importance weight and the aggregation around a *policy-gradient term*: a function of the
 current and old log-probs and the advantages that returns each token's loss. GRPO's is
 :func:`clipped_token_term` (PPO's clipped surrogate, with DAPO's asymmetric clip); the variants
