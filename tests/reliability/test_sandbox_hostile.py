@@ -16,8 +16,9 @@ reply. Every row must meet the same contract, whatever the program did:
   the conversation;
 * this process received no signal, and its resource limits and descriptor count are unchanged.
 
-``tests/envs/test_sandbox.py`` checks ``run_python``'s own results on the shared programs of
-``tests/support/hostile_programs.py``; this module checks what the env and its caller see.
+``tests/envs/test_sandbox_containment.py`` checks ``run_python``'s own results on the shared
+programs of ``tests/support/hostile_programs.py``; this module checks what the env and its caller
+see.
 """
 
 from __future__ import annotations

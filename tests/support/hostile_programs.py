@@ -1,5 +1,6 @@
 """Hostile Python programs: the texts shared by the sandbox's own table
-(``tests/envs/test_sandbox.py``) and the end-to-end env suite (``test_sandbox_hostile.py``).
+(``tests/envs/test_sandbox_containment.py``) and the end-to-end env suite
+(``test_sandbox_hostile.py``).
 
 A program may name what its test provides through placeholders, filled by :func:`fill`:
 
