@@ -101,6 +101,9 @@ done
 echo " $(($(date +%s) - started)) s in all (installs included)"
 # Costs from a plain run only: coverage slows the suite unevenly.
 if [ "$tiers" = all ] && [ "$failed" = 0 ] && [ "${COVERAGE:-0}" != 1 ]; then
-    "$main_python" scripts/tier_costs.py "$reports"/*.xml --write tests/tier_costs.json
+    "$main_python" scripts/tier_costs.py "$reports"/*.xml --write tests/tier_costs.json || {
+        echo "test tiers: the costs were not written (scripts/tier_costs.py failed)" >&2
+        failed=1
+    }
 fi
 exit "$failed"

@@ -33,12 +33,21 @@ def report_tier(path: Path) -> str:
     return tier
 
 
-def module_of(classname: str, file: str | None) -> str:
+REPO = Path(__file__).resolve().parents[1]
+LIBRARY = "llmrl"
+"""The package whose modules are collected as doctests (the root ``conftest.py``)."""
+
+
+def module_of(classname: str, file: str | None, repo: Path = REPO) -> str:
     """The test file a JUnit ``testcase`` belongs to, as a path from the repository root."""
     if file:
         return file
-    # pytest writes classname "tests.runtime.test_x" or "tests.runtime.test_x.TestClass"
     parts = classname.split(".")
+    if parts[0] == LIBRARY:
+        # a doctest: classname "llmrl.core.config_loading" (a module) or "llmrl.core" (a package)
+        module = "/".join(parts) + ".py"
+        return module if (repo / module).is_file() else "/".join(parts) + "/__init__.py"
+    # pytest writes classname "tests.runtime.test_x" or "tests.runtime.test_x.TestClass"
     while parts and not parts[-1].startswith("test_"):
         parts.pop()
     if not parts:

@@ -38,6 +38,16 @@ def test_module_seconds_sum_every_test_of_a_module(tmp_path):
     )
 
 
+def test_doctests_count_for_the_library_module_they_run_in():
+    """The fast tier runs ``llmrl/``'s docstring examples: a module's and a package's."""
+    assert tier_costs.module_of("llmrl.core.config_loading", None) == (
+        "llmrl/core/config_loading.py"
+    )
+    assert tier_costs.module_of("llmrl.core", None) == "llmrl/core/__init__.py"
+    for module in ("llmrl/core/config_loading.py", "llmrl/core/__init__.py"):
+        assert (REPO / module).is_file()
+
+
 def test_costs_replace_the_measured_tier_and_keep_the_other(tmp_path):
     report = tmp_path / "slow-main.xml"
     report.write_text(REPORT)
