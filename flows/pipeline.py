@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -86,6 +85,7 @@ from flows.launchers import (
 from flows.params import PipelineParams
 from flows.stages import RUN_ORDER, SPECS
 from flows.summary import build_summary, evaluation_records, render_markdown
+from llmrl.core.atomic_files import write_text_atomic
 from llmrl.tracking import PipelineRun
 from llmrl.tracking.pipeline_run import stage_run_tag
 
@@ -178,12 +178,7 @@ class StageStore:
             return None
 
     def save(self, name: str, key: str, record: dict[str, Any]) -> Path:
-        path = self.path(name, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
-        os.replace(temporary, path)
-        return path
+        return write_text_atomic(self.path(name, key), json.dumps(record, indent=2, default=str))
 
 
 # ------------------------------------------------------------------------ tracking

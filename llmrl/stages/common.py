@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from llmrl.config.common import CheckpointConfig, StageConfig
+from llmrl.core.atomic_files import write_text_atomic
 from llmrl.core.config_loading import ConfigError
 from llmrl.train.checkpoint import CheckpointWriter, TrainState, resume_latest
 
@@ -126,10 +126,7 @@ def record_run_id(path: Path, run_id: str) -> None:
     creating its directory when missing."""
     if recorded_run_id(path) == run_id:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")  # one stage process writes this file
-    temporary.write_text(json.dumps({"run_id": run_id}), encoding="utf-8")
-    os.replace(temporary, path)
+    write_text_atomic(path, json.dumps({"run_id": run_id}))
 
 
 def open_checkpoints(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from llmrl.config.evaluate import EvalConfig
+from llmrl.core.atomic_files import write_text_atomic
 from llmrl.core.config_loading import ConfigError
 from llmrl.data.non_tensor import as_list
 from llmrl.data.prepare import load_prepared
@@ -184,7 +184,7 @@ def _summarise(
             pass_at[k] = sum(pass_at_k(n, r["sampled_correct"], k) for r in rows) / len(rows)
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     results = out_dir / "results.jsonl"
-    _write_atomic(results, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_text_atomic(results, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     report = EvalReport(
         config.label,
         accuracy,
@@ -196,7 +196,7 @@ def _summarise(
         outcomes={r["id"]: r["correct"] for r in rows},
     )
     summary = {**report.__dict__, "pass_at": {str(k): v for k, v in pass_at.items()}}
-    _write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
+    write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     logger.info(
         "%s: accuracy %.3f on %d problems (%.0f s)", config.label, accuracy, len(rows), seconds
     )
@@ -215,9 +215,3 @@ def _log(config: EvalConfig, report: EvalReport, manifest: dict) -> None:
         rows = [json.loads(line) for line in Path(report.results_path).read_text().splitlines()]
         tracker.log_table(rows[:200], name=f"eval_{config.label}", step=0)
         tracker.log_artifact(report.results_path, "eval")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from llmrl.core.atomic_files import write_text_atomic
 
 RESULT_FILE_ENV = "LLMRL_RESULT_FILE"
 """The environment variable naming the file a stage writes its result to (unset: none)."""
@@ -42,20 +43,7 @@ def write_result(summary: Mapping[str, Any], path: str | Path) -> Path:
     """Write ``summary`` to ``path`` as one JSON object, atomically (a temporary file in the
     same folder, flushed to disk, then renamed over ``path``); creates the folder. Values JSON
     cannot hold are written as their ``str``."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(dict(summary), default=str)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
+    return write_text_atomic(path, json.dumps(dict(summary), default=str))
 
 
 def read_result(path: str | Path) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import json
 import operator
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,18 +60,18 @@ class NotInSchema(Exception):
     """JSON Schema cannot state this expression (it compares fields or derives a value)."""
 
 
-class Expr:
+class Expr(ABC):
     """A node of a rule's expression; see the module docstring for its three readings."""
 
     kind: Kind = "bool"
 
+    @abstractmethod
     def evaluate(self, root: Any) -> Any:
         """The value of the expression for ``root`` (a Topology, or the section it is about)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def go(self, root: str) -> str:
         """A Go template expression of the value; ``root`` is the values' path, e.g. ``$t``."""
-        raise NotImplementedError
 
     def schema(self, defaults: Any, prefix: str = "") -> dict[str, Any]:
         """The JSON schema of exactly the values this condition holds for.
@@ -212,9 +213,9 @@ class _OnField(Expr):
 
     field: Field
 
+    @abstractmethod
     def value_schema(self) -> dict[str, Any]:
         """The schema of the values the test holds for."""
-        raise NotImplementedError
 
     def schema(self, defaults: Any, prefix: str = "") -> dict[str, Any]:
         """:meth:`value_schema` at the field's path."""

@@ -129,7 +129,7 @@ class MCPToolTransform(EnvTransform):
     Example:
         tools = MCPToolTransform([MCPServerSpec("calc", sys.executable, ["calc.py"])])
         env = ChatEnv(max_turns=3, transforms=[tools])
-        ...
+        # episodes: env.reset(...), then env.step(...) until done; tool calls reach "calc"
         env.close()  # stops the servers
     """
 
