@@ -14,6 +14,7 @@ from llmrl.config.common import (
     StageConfig,
     ToolSettings,
 )
+from llmrl.config.model_signals import DistillationSettings, RewardSettings
 from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, MAX_TOKENS, ConfigModel
 from llmrl.topology.spec import Topology
 
@@ -94,6 +95,11 @@ class GRPOLossSettings(ConfigModel):
         None,
         description="train/inference mismatch correction (null: off); its share of truncated "
         "or dropped tokens/sequences is logged as mismatch_fraction",
+    )
+    distillation: DistillationSettings | None = Field(
+        None,
+        description="on-policy distillation from topology.teacher (null: off): per-token "
+        "advantages from the teacher's log-probs of the sampled tokens",
     )
 
     @model_validator(mode="after")
@@ -356,6 +362,10 @@ class GRPOConfig(StageConfig):
         default_factory=AuditSettings, description="the consistency audit of every step"
     )
     tools: ToolSettings = Field(default_factory=ToolSettings, description="tools (multi-turn)")
+    rewards: RewardSettings = Field(
+        default_factory=RewardSettings,
+        description="the task's reward, a reward model's and a judge's, weighted",
+    )
     checkpoint: CheckpointConfig = Field(
         default_factory=lambda: CheckpointConfig(every=25, best_metric="reward_mean"),
         description="checkpoints and resume",
@@ -375,6 +385,12 @@ class GRPOConfig(StageConfig):
             raise ValueError(
                 "advantage.kl_in_reward_coeff > 0 needs the reference model's log-probs; set "
                 "`reference: true` (with topology.reference.placement: dedicated)"
+            )
+        if self.loss.distillation is not None and self.advantage.drop_zero_std:
+            raise ValueError(
+                "advantage.drop_zero_std drops groups whose task rewards are all equal, but "
+                "loss.distillation's teacher signal is per token and exists in every group; set "
+                "advantage.drop_zero_std: false"
             )
         problems = self.model.training_problems()
         if problems:
@@ -418,6 +434,7 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
             f"'{topology.reference.placement}' reference scores in the trainer ranks, after "
             "them); set topology.reference.placement: dedicated (or use loss.kl_to_ref_coeff)"
         )
+    problems.extend(_model_role_problems(config, topology))
     if config.lora.enabled and topology.trainer.strategy == "fsdp":
         problems.append(
             "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path; use "
@@ -428,4 +445,26 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
             "runtime.compile_decode: compiles the transformers engines' decode step; the "
             f"{topology.inference.backend} backend captures its own graphs (set it to false)"
         )
+    return problems
+
+
+def _model_role_problems(config: GRPOConfig, topology: Topology) -> list[str]:
+    """The model roles the config uses and the topology lacks (and the other way round)."""
+    used = {name: f"rewards.{name}" for name in config.rewards.models()}
+    if config.loss.distillation is not None:
+        used["teacher"] = "loss.distillation"
+    problems = []
+    for name in ("teacher", "judge", "reward_model"):
+        if getattr(topology, name, None) is not None and name not in used:
+            problems.append(
+                f"topology.{name}: the config does not use a {name} (set "
+                f"{'loss.distillation' if name == 'teacher' else 'rewards.' + name}), so its "
+                "engines would idle; remove it from the topology"
+            )
+    for name, field in used.items():
+        if getattr(topology, name, None) is None:
+            problems.append(
+                f"{field}: needs a {name} model: set topology.{name} (a model with its engines, "
+                "or the url of a served one)"
+            )
     return problems
