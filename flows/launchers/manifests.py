@@ -65,6 +65,7 @@ from flows.launchers.settings import (
 # Which stages run on Ray, train in their driver, or place roles from a topology: the stage
 # table's (RAY_STAGES is re-exported for the manifests' users).
 from flows.stages import RAY_STAGES, TOPOLOGY_STAGES, TRAINING_DRIVERS  # noqa: F401
+from llmrl.topology.model_roles import MODEL_ROLES
 from llmrl.topology.placement import plan_groups
 
 if TYPE_CHECKING:
@@ -155,8 +156,11 @@ def build_job_manifest(
 
 
 def topology_override(topology: Topology) -> str:
-    """``topology=<json>``: the ``--set`` that gives a stage the RayJob's topology."""
-    return "topology=" + json.dumps(topology.model_dump(mode="json"), separators=(",", ":"))
+    """``topology=<json>``: the ``--set`` that gives a stage the RayJob's topology (the model
+    roles it leaves out stay out)."""
+    unset = set(MODEL_ROLES) - set(topology.model_roles())
+    data = topology.model_dump(mode="json", exclude=unset)
+    return "topology=" + json.dumps(data, separators=(",", ":"))
 
 
 def build_rayjob_manifest(

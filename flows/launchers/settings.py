@@ -11,7 +11,8 @@ Settings come from two places, merged field by field:
 
 :func:`effective_settings` does the merge. Pod roles (:data:`POD_ROLES`): ``job`` (a one-pod
 stage), ``driver`` (a RayJob's submitter), ``head``, and the Ray worker groups ``inference``,
-``trainer``, ``colocated``, ``reference``, ``env-workers``.
+``trainer``, ``colocated``, ``reference``, ``env-workers`` and the model roles' ``teacher``,
+``judge``, ``reward-model``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ POD_ROLES: tuple[str, ...] = (
     "colocated",
     "reference",
     "env-workers",
+    "teacher",
+    "judge",
+    "reward-model",
 )
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RESULTS_FOLDER = "stage-results"

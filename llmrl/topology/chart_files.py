@@ -22,8 +22,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llmrl.topology.derived import DERIVED
 from llmrl.topology.expressions import Not, all_of
-from llmrl.topology.rules import DERIVED, RULES, FirstOf, Rule
+from llmrl.topology.rules import RULES, FirstOf, Rule
 
 SCHEMA_FILE = Path("helm/llmrl/values.schema.json")
 GUARD_FILE = Path("helm/llmrl/templates/_topology_guard.tpl")

@@ -133,6 +133,15 @@ class StageRolesValues(ConfigModel):
     envWorkers: PodExtrasValues = Field(
         default_factory=PodExtrasValues, description="environment worker pods"
     )
+    teacher: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="a teacher's engine pods"
+    )
+    judge: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="a judge's engine pods"
+    )
+    rewardModel: PodExtrasValues = Field(
+        default_factory=PodExtrasValues, description="a reward model's engine pods"
+    )
 
 
 class JobPodValues(ConfigModel):

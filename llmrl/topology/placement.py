@@ -12,7 +12,10 @@ its roles' specs (:func:`~llmrl.topology.roles.role_specs`, each pod group's bun
 * with ``colocated``, one shared group instead: engine ``i`` uses bundles
   ``[i * tp, (i + 1) * tp)`` of the trainer's GPUs;
 * one group for a dedicated reference model, and one ``SPREAD`` group of ``{"CPU": cpus_each}``
-  bundles for the environment workers.
+  bundles for the environment workers;
+* one ``STRICT_PACK`` group per engine of each model role with engines of its own (``teacher``,
+  ``judge``, ``reward_model``), shaped as an inference engine's; a role served by ``url`` has
+  none.
 
 :func:`place_on_ray` creates the groups and waits for them. It fails fast when the cluster
 cannot hold the topology at all, and otherwise after ``timeout_s``; either way the error names
@@ -81,8 +84,9 @@ class Placement:
     """The placement groups that hold a topology; :meth:`remove` releases them.
 
     ``specs`` (:func:`~llmrl.topology.roles.role_specs` of the topology) says how many actors
-    each role has and what each asks of Ray on its bundle. Usable as a context manager, which
-    removes the groups on exit.
+    each role has and what each asks of Ray on its bundle. ``models``: each placed model role's
+    groups, one per engine (as ``inference``), by name (``specs.models`` says what each engine's
+    actors ask). Usable as a context manager, which removes the groups on exit.
     """
 
     topology: Topology
@@ -91,6 +95,7 @@ class Placement:
     reference: RoleGroup | None
     env_workers: RoleGroup | None
     groups: list[Any] = field(default_factory=list)
+    models: dict[str, list[RoleGroup]] = field(default_factory=dict)
     specs: RoleSpecs = field(init=False)
 
     def __post_init__(self) -> None:
@@ -123,7 +128,7 @@ def plan_groups(topology: Topology) -> PlacementPlan:
     its :func:`~llmrl.topology.roles.role_specs`.
 
     Roles are ``inference[i]``, ``trainer`` (one bundle per rank), ``reference`` (dedicated
-    only) and ``env_workers`` (when there are any).
+    only), ``env_workers`` (when there are any) and ``<model role>[i]`` (``judge[0]``, ...).
     """
     specs = role_specs(topology)
     engines, trainer = specs.inference, specs.trainer
@@ -153,6 +158,9 @@ def plan_groups(topology: Topology) -> PlacementPlan:
     if specs.env_workers is not None:
         pods = specs.env_workers.pod
         add("env_workers", pods.bundles() * pods.replicas, "SPREAD")
+    for name, model in specs.models.items():
+        for engine in range(model.count):
+            add(f"{name}[{engine}]", model.pod.bundles(), "STRICT_PACK")
     return PlacementPlan(specs, tuple(groups), tuple(roles))
 
 
@@ -226,6 +234,10 @@ def place_on_ray(
         reference=by_role.get("reference"),
         env_workers=by_role.get("env_workers"),
         groups=created,
+        models={
+            name: [by_role[f"{name}[{i}]"] for i in range(model.count)]
+            for name, model in plan.specs.models.items()
+        },
     )
 
 

@@ -5,7 +5,10 @@
 - :class:`EngineRole`: the inference engines, one pod each;
 - :class:`TrainerRole`: the trainer ranks, together in one pod (a bundle each);
 - :class:`ReferenceRole`: a dedicated reference model, in a pod of its own;
-- :class:`EnvWorkerRole`: the environment workers, one pod each.
+- :class:`EnvWorkerRole`: the environment workers, one pod each;
+- :class:`ModelRole`: each model role with engines of its own (``teacher``, ``judge``,
+  ``reward_model``; a role served by ``url`` has none), one pod per engine, sized as the
+  inference engines are (never colocated).
 
 Each spec says how many actors the role has and what each asks of Ray (``cpus``, ``gpus``:
 :meth:`RoleSpec.actor_options`), and its :class:`PodGroup`: the pods that hold it (a KubeRay
@@ -25,9 +28,10 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
+from llmrl.topology.sections import EngineSpec
 from llmrl.topology.spec import SchedulingSpec, Topology
 
 Bundle = dict[str, float]
@@ -118,6 +122,18 @@ class EngineRole(RoleSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModelRole(EngineRole):
+    """A model role's engines (``name``: ``teacher``, ``judge`` or ``reward_model``), each as an
+    inference engine: ``cpus`` and ``gpus`` its front actor's, ``server_gpus`` a vLLM engine
+    actor's behind it, on the bundles of one placement group per engine."""
+
+    name: str
+
+
+_Engines = TypeVar("_Engines", bound=EngineRole)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainerRole(RoleSpec):
     """The trainer ranks (``count`` = the world size), one bundle each; ``strategy``:
     ``single``, ``ddp`` or ``fsdp``."""
@@ -137,20 +153,24 @@ class EnvWorkerRole(RoleSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RoleSpecs:
-    """Every role of a topology; ``colocated``: the pod group engines and trainer share."""
+    """Every role of a topology; ``colocated``: the pod group engines and trainer share;
+    ``models``: the model roles with engines of their own, by name, in
+    :data:`~llmrl.topology.model_roles.MODEL_ROLES` order."""
 
     inference: EngineRole
     trainer: TrainerRole
     reference: ReferenceRole | None
     env_workers: EnvWorkerRole | None
     colocated: PodGroup | None
+    models: dict[str, ModelRole] = field(default_factory=dict)
 
     def pod_groups(self) -> tuple[PodGroup, ...]:
         """Every worker group: the colocated one or the engines' and the trainer's, then a
-        dedicated reference's and the env workers' (when there are any)."""
+        dedicated reference's and the env workers' (when there are any), then each placed
+        model role's."""
         shared = (self.colocated,) if self.colocated else (self.inference.pod, self.trainer.pod)
         others = (role.pod for role in (self.reference, self.env_workers) if role is not None)
-        return (*shared, *others)
+        return (*shared, *others, *(role.pod for role in self.models.values()))
 
 
 def role_specs(topology: Topology) -> RoleSpecs:
@@ -172,6 +192,10 @@ def role_specs(topology: Topology) -> RoleSpecs:
         reference=_reference(topology),
         env_workers=_env_workers(topology),
         colocated=_colocated(topology) if topology.colocated else None,
+        models={
+            name: _engine_role(ModelRole, spec, name.replace("_", "-"), name=name)
+            for name, spec in topology.placed_model_roles().items()
+        },
     )
 
 
@@ -190,24 +214,39 @@ def _pod(
 
 
 def _engines(topology: Topology, rank_share: float) -> EngineRole:
+    """The inference engines; colocated, each front actor takes half of a trainer rank's share
+    (and half of a transformers engine's GPU)."""
+    colocated = rank_share if topology.colocated else None
+    return _engine_role(EngineRole, topology.inference, "inference", colocated=colocated)
+
+
+def _engine_role(
+    role: type[_Engines],
+    spec: EngineSpec,
+    pod_name: str,
+    *,
+    colocated: float | None = None,
+    **extra: Any,
+) -> _Engines:
     """Engine front actors: a transformers engine's holds its bundle (and GPU); a vLLM one's
-    leaves it to the engine actor; colocated, half of a trainer rank's share."""
-    inference = topology.inference
-    gpus = inference.engine_gpus
-    front_gpus = float(gpus) if inference.backend == "transformers" else 0.0
-    front_cpus = inference.cpus_per_engine if inference.backend == "transformers" else 0.0
-    if topology.colocated:
-        front_cpus, front_gpus = rank_share, front_gpus / 2
-    server_gpus = (0.5 if topology.colocated else 1.0) if gpus else 0.0
-    return EngineRole(
-        count=inference.engines,
+    leaves it to the engine actor. ``colocated``: the CPU share of a front actor on the
+    trainer's bundles (None: the engines have pods of their own)."""
+    gpus = spec.engine_gpus
+    front_gpus = float(gpus) if spec.backend == "transformers" else 0.0
+    front_cpus = spec.cpus_per_engine if spec.backend == "transformers" else 0.0
+    if colocated is not None:
+        front_cpus, front_gpus = colocated, front_gpus / 2
+    server_gpus = (0.5 if colocated is not None else 1.0) if gpus else 0.0
+    return role(
+        count=spec.engines,
         cpus=floor_cpus(front_cpus),
         gpus=front_gpus,
-        pod=_pod("inference", inference.engines, inference, inference.cpus_per_engine, gpus),
-        backend=inference.backend,
-        tensor_parallel_size=inference.tensor_parallel_size,
-        server_gpus=server_gpus if inference.tensor_parallel_size == 1 else 0.0,
+        pod=_pod(pod_name, spec.engines, spec, spec.cpus_per_engine, gpus),
+        backend=spec.backend,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        server_gpus=server_gpus if spec.tensor_parallel_size == 1 else 0.0,
         device="cuda" if gpus else "cpu",
+        **extra,
     )
 
 

@@ -13,6 +13,12 @@ hold (``require``) and the message when it does not. The same table is read thre
 Messages start with the dotted field they are about (``trainer.gpus: ...``), so
 :func:`llmrl.core.config_loading.load_config` reports ``<file>: <field>: <message>``.
 
+The inference engines and each model role (``teacher``, ``judge``, ``reward_model``: null
+unless set) follow the same engine rules (:func:`_engine_rules`); a model role's rules start with
+:class:`~llmrl.topology.optional.Present`, so they hold for a role left out, and they are the
+same rows for each role, so one role's clauses, relative to its section, are the schema of
+every :class:`~llmrl.topology.model_roles.ModelRoleSpec`.
+
 Example:
 
 >>> from llmrl.topology import Topology, TrainerSpec
@@ -28,12 +34,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrl.topology.derived import (
+    ENGINE_GPUS,
+    MODEL_ROLES,
+    ROLE_ENGINE_GPUS,
+    WORLD_SIZE,
+    role_field,
+)
 from llmrl.topology.expressions import (
-    Choose,
-    Coalesce,
     Compare,
     Const,
-    Derived,
     Expr,
     Field,
     In,
@@ -44,6 +54,7 @@ from llmrl.topology.expressions import (
     all_of,
     any_of,
 )
+from llmrl.topology.optional import Present
 
 MULTI_GPU_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 """Training strategies that spread training over several ranks (need a world size >= 2)."""
@@ -59,33 +70,6 @@ PLACEMENT = Field("reference.placement", "str")
 REFERENCE_GPUS = Field("reference.gpus")
 COLOCATED = Field("colocated", "bool")
 TRANSPORT = Field("weight_transport", "str")
-
-ENGINE_GPUS = Derived(
-    "inference",
-    "engine_gpus",
-    "engineGpus",
-    "GPUs of one inference engine: gpus_per_engine, or derived from the backend",
-    Coalesce(
-        Field("gpus_per_engine", nullable=True),
-        Choose(
-            Compare("==", Field("backend", "str"), Const("vllm")),
-            Field("tensor_parallel_size"),
-            Const(0),
-        ),
-    ),
-)
-WORLD_SIZE = Derived(
-    "trainer",
-    "world_size",
-    "trainerWorldSize",
-    "Trainer processes (torch.distributed ranks): ranks, else gpus, else 1",
-    Coalesce(
-        Field("ranks", nullable=True),
-        Choose(Compare(">", Field("gpus"), Const(0)), Field("gpus"), Const(1)),
-    ),
-)
-DERIVED: tuple[Derived, ...] = (ENGINE_GPUS, WORLD_SIZE)
-"""The derived values the rules read; the chart defines each as a named template."""
 
 
 def _is(expr: Expr, value: Any) -> Compare:
@@ -149,36 +133,125 @@ def _needs_two_ranks(field_name: str, when: Expr, require: Expr) -> Rule:
     )
 
 
-_INFERENCE = (
-    Rule(
-        "inference.tensor_parallel_size",
-        _is(BACKEND, "transformers"),
-        _is(TENSOR_PARALLEL, 1),
-        "the transformers backend runs each engine as one process and cannot shard it; must be "
-        "1 (got {size})",
-        {"size": TENSOR_PARALLEL},
-    ),
-    Rule(
-        "inference.gpus_per_engine",
-        _is(BACKEND, "transformers"),
-        In(GPUS_PER_ENGINE, (0, 1, None)),  # left out: 0 for transformers
-        "the transformers backend runs each engine on CPU or one GPU; must be 0 or 1 (got "
-        "{gpus}); use backend 'vllm' to shard an engine over several GPUs",
-        {"gpus": ENGINE_GPUS},
-    ),
-    Rule(
-        "inference.gpus_per_engine",
-        _is(BACKEND, "vllm"),
-        any_of(
-            Compare("==", ENGINE_GPUS, TENSOR_PARALLEL),
-            all_of(_is(ENGINE_GPUS, 0), _is(TENSOR_PARALLEL, 1)),  # vLLM's CPU build
+@dataclass(frozen=True)
+class _Engines:
+    """The fields of a section of engines (``inference``, a model role) the rules read."""
+
+    section: str
+    backend: Expr
+    tensor_parallel: Expr
+    gpus_per_engine: Field
+    gpus: Expr  # the derived GPUs of one engine
+
+
+def _engine_rules(engines: _Engines, *applies: Expr) -> tuple[Rule, ...]:
+    """The rules of every section of engines; ``applies``: when they apply at all (always when
+    none is given)."""
+
+    def on(backend: str) -> Expr:
+        uses = _is(engines.backend, backend)
+        return all_of(*applies, uses) if applies else uses
+
+    section, size, gpus = engines.section, engines.tensor_parallel, engines.gpus
+    return (
+        Rule(
+            f"{section}.tensor_parallel_size",
+            on("transformers"),
+            _is(size, 1),
+            "the transformers backend runs each engine as one process and cannot shard it; "
+            "must be 1 (got {size})",
+            {"size": size},
         ),
-        "a vllm engine uses one GPU per tensor-parallel rank; must equal "
-        "inference.tensor_parallel_size ({size}), or be 0 with tensor_parallel_size 1 for "
-        "vLLM's CPU build; got {gpus}",
-        {"size": TENSOR_PARALLEL, "gpus": ENGINE_GPUS},
-    ),
+        Rule(
+            f"{section}.gpus_per_engine",
+            on("transformers"),
+            In(engines.gpus_per_engine, (0, 1, None)),  # left out: 0 for transformers
+            "the transformers backend runs each engine on CPU or one GPU; must be 0 or 1 (got "
+            "{gpus}); use backend 'vllm' to shard an engine over several GPUs",
+            {"gpus": gpus},
+        ),
+        Rule(
+            f"{section}.gpus_per_engine",
+            on("vllm"),
+            any_of(
+                Compare("==", gpus, size),
+                all_of(_is(gpus, 0), _is(size, 1)),  # vLLM's CPU build
+            ),
+            "a vllm engine uses one GPU per tensor-parallel rank; must equal "
+            f"{section}.tensor_parallel_size ({{size}}), or be 0 with tensor_parallel_size 1 "
+            "for vLLM's CPU build; got {gpus}",
+            {"size": size, "gpus": gpus},
+        ),
+    )
+
+
+_INFERENCE = _engine_rules(
+    _Engines("inference", BACKEND, TENSOR_PARALLEL, GPUS_PER_ENGINE, ENGINE_GPUS)
 )
+
+
+def _model_role_rules(role: str) -> tuple[Rule, ...]:
+    """The rules of the model role ``role`` when it is set: exactly one of ``model`` (engines of
+    its own, placed as the inference engines are) and ``url`` (a served endpoint: nothing is
+    placed, so no engines or GPUs are asked for)."""
+    model = Field(f"{role}.model", "str", nullable=True)
+    url = Field(f"{role}.url", "str", nullable=True)
+    size = role_field(f"{role}.tensor_parallel_size")
+    gpus = Field(f"{role}.gpus_per_engine", nullable=True)
+    engines = role_field(f"{role}.engines")
+    served, placed = all_of(Present(role), Not(IsNull(url))), all_of(Present(role), IsNull(url))
+    remote = "a served endpoint (url) places no engines"
+    return (
+        Rule(
+            f"{role}.model",
+            placed,
+            Not(IsNull(model)),
+            "required unless url is set: the model the role runs on engines of its own (a "
+            "model name, folder or GGUF file), or give url, the base URL of a served endpoint",
+        ),
+        Rule(
+            f"{role}.model",
+            served,
+            IsNull(model),
+            "set exactly one of model and url: with url the role calls that endpoint and runs "
+            "no model of its own (name the served model with served_model)",
+        ),
+        Rule(
+            f"{role}.served_model",
+            placed,
+            IsNull(Field(f"{role}.served_model", "str", nullable=True)),
+            "names the model of a served endpoint; set url too, or leave it out when the role "
+            "runs model on engines of its own",
+        ),
+        Rule(
+            f"{role}.engines",
+            served,
+            _is(engines, 1),
+            f"{remote}; must be 1 (got {{engines}}): scale the server behind the url instead",
+            {"engines": engines},
+        ),
+        Rule(
+            f"{role}.tensor_parallel_size",
+            served,
+            _is(size, 1),
+            f"{remote}; must be 1 (got {{size}}): the server shards its model itself",
+            {"size": size},
+        ),
+        Rule(
+            f"{role}.gpus_per_engine",
+            served,
+            In(gpus, (0, None)),
+            f"{remote}, so it gets no GPUs; must be 0 or left out (got {{gpus}})",
+            {"gpus": gpus},
+        ),
+        *_engine_rules(
+            _Engines(
+                role, role_field(f"{role}.backend", "str"), size, gpus, ROLE_ENGINE_GPUS[role]
+            ),
+            placed,
+        ),
+    )
+
 
 _TRAINER = FirstOf(
     (
@@ -287,6 +360,7 @@ RULES: tuple[Rule | FirstOf, ...] = (
     *_REFERENCE,
     *_COLOCATION,
     *_TRANSPORT,
+    *(rule for role in MODEL_ROLES for rule in _model_role_rules(role)),
 )
 """Every cross-field rule of a topology, in the order their problems are reported."""
 

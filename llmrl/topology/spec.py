@@ -2,7 +2,9 @@
 
 A :class:`Topology` describes four roles: the inference engines that generate rollouts, the
 trainer, the reference model (for the KL penalty) and the CPU environment workers that score
-rollouts. It is the one description both deployments read: the Helm chart renders it into a
+rollouts; and up to three model roles that give a training signal (``teacher``, ``judge``,
+``reward_model``: :mod:`llmrl.topology.model_roles`), each engines of its own or a served
+endpoint. It is the one description both deployments read: the Helm chart renders it into a
 KubeRay ``RayCluster`` (one worker group per role) and :func:`llmrl.topology.place_on_ray`
 turns it into Ray placement groups. Every cross-field rule is a row of
 :data:`llmrl.topology.rules.RULES`, and each error line starts with the dotted field it is about,
@@ -20,65 +22,43 @@ template, generated from the same rules, checks every one (``make chart-schema``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from llmrl.core.config_loading import MAX_CLUSTER, ConfigModel
-from llmrl.topology.rules import ENGINE_GPUS, WORLD_SIZE, problems
-from llmrl.topology.rules import schema_clauses as _schema_clauses
+from llmrl.topology.derived import WORLD_SIZE
+from llmrl.topology.model_roles import MODEL_ROLES, ModelRoleSpec
+from llmrl.topology.rules import problems
+from llmrl.topology.sections import (
+    Backend,
+    EngineSpec,
+    SchedulingSpec,
+    scheduling_field,
+    with_rules,
+)
 
-Backend = Literal["vllm", "transformers"]
+__all__ = [
+    "Backend",
+    "EngineSpec",
+    "EnvWorkerSpec",
+    "InferenceSpec",
+    "ModelRoleSpec",
+    "ReferencePlacement",
+    "ReferenceSpec",
+    "SchedulingSpec",
+    "Strategy",
+    "Topology",
+    "TrainerSpec",
+    "WeightTransport",
+]
+
 Strategy = Literal["single", "ddp", "fsdp"]
 ReferencePlacement = Literal["with_trainer", "dedicated", "none"]
 WeightTransport = Literal["auto", "object_store", "broadcast", "vllm"]
 
 
-def _with_rules(section: str | None) -> ConfigDict:
-    """A model config whose JSON schema carries the ``if``/``then`` clauses of the rules about
-    ``section`` (None: the rules across sections, on the Topology)."""
-
-    def add_clauses(schema: dict[str, Any]) -> None:
-        clauses = _schema_clauses(section, Topology())
-        if clauses:
-            schema["allOf"] = clauses
-
-    return ConfigDict(json_schema_extra=add_clauses)
-
-
-class SchedulingSpec(ConfigModel):
-    """Kubernetes scheduling constraints of one role's pods, passed through unchanged.
-
-    The keys inside ``tolerations`` and ``affinity`` are Kubernetes' own (camelCase), as in a
-    pod spec.
-
-    Example::
-
-        SchedulingSpec(
-            node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        )
-    """
-
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="the pods' nodeSelector (node label -> value)"
-    )
-    tolerations: list[dict[str, Any]] = Field(
-        default_factory=list, description="the pods' tolerations, as in a Kubernetes pod spec"
-    )
-    affinity: dict[str, Any] = Field(
-        default_factory=dict, description="the pods' affinity, as in a Kubernetes pod spec"
-    )
-
-
-def _scheduling_field() -> Any:
-    return Field(
-        default_factory=SchedulingSpec,
-        description="node selector, tolerations and affinity of this role's pods",
-    )
-
-
-class InferenceSpec(ConfigModel):
+class InferenceSpec(EngineSpec):
     """The rollout engines: how many, how each is sharded, and what each one needs.
 
     ``gpus_per_engine`` may be left out (null): :attr:`engine_gpus` then derives it from the
@@ -91,68 +71,7 @@ class InferenceSpec(ConfigModel):
         InferenceSpec(backend="vllm", engines=4, tensor_parallel_size=2)
     """
 
-    model_config = _with_rules("inference")
-
-    backend: Backend = Field(
-        "vllm",
-        description=(
-            "'vllm' (GPU engines, one GPU per tensor-parallel rank) or 'transformers' (one "
-            "process per engine on CPU or one GPU, for development clusters)"
-        ),
-    )
-    engines: int = Field(
-        1, ge=1, le=MAX_CLUSTER, description="number of independent inference engines"
-    )
-    tensor_parallel_size: int = Field(
-        1,
-        ge=1,
-        le=MAX_CLUSTER,
-        description="GPUs each vllm engine shards its model over (1 for transformers)",
-    )
-    gpus_per_engine: int | None = Field(
-        None,
-        ge=0,
-        le=MAX_CLUSTER,
-        description=(
-            "GPUs each engine's pod requests; derived when left out (tensor_parallel_size for "
-            "vllm, 0 for transformers) and must agree with the backend when given (0 or 1 for "
-            "transformers)"
-        ),
-    )
-    gpu_memory_utilization: float = Field(
-        0.9,
-        gt=0,
-        le=1,
-        description="share of each GPU's memory vllm may take (lower it when colocated)",
-    )
-    cpus_per_engine: float = Field(
-        4.0, gt=0, le=MAX_CLUSTER, description="CPU cores of each engine"
-    )
-    cpu_kv_cache_gb: float = Field(
-        1.0,
-        gt=0,
-        le=1024,
-        description=(
-            "KV cache of each vllm engine on CPU (gpus_per_engine 0, vLLM's CPU build), in GiB; "
-            "vLLM's own default takes most of the machine's memory"
-        ),
-    )
-    enforce_eager: bool | None = Field(
-        None,
-        description=(
-            "run vllm engines without torch.compile and CUDA graphs; null: eager on CPU "
-            "(half the start-up time), compiled on GPUs"
-        ),
-    )
-    memory_gb: float = Field(
-        32.0, gt=0, le=MAX_CLUSTER, description="memory of each engine's pod, in GiB"
-    )
-    scheduling: SchedulingSpec = _scheduling_field()
-
-    @property
-    def engine_gpus(self) -> int:
-        """GPUs of each engine: ``gpus_per_engine``, or derived from the backend when unset."""
-        return ENGINE_GPUS.expr.evaluate(self)
+    model_config = with_rules("inference")
 
 
 class TrainerSpec(ConfigModel):
@@ -167,7 +86,7 @@ class TrainerSpec(ConfigModel):
         TrainerSpec(gpus=0, ranks=2, strategy="ddp", cpus=2)  # two CPU ranks
     """
 
-    model_config = _with_rules("trainer")
+    model_config = with_rules("trainer")
 
     gpus: int = Field(1, ge=0, le=MAX_CLUSTER, description="GPUs of the trainer (0 trains on CPU)")
     ranks: int | None = Field(
@@ -190,7 +109,7 @@ class TrainerSpec(ConfigModel):
     memory_gb: float = Field(
         64.0, gt=0, le=MAX_CLUSTER, description="memory of the trainer's pod, in GiB"
     )
-    scheduling: SchedulingSpec = _scheduling_field()
+    scheduling: SchedulingSpec = scheduling_field()
 
     @property
     def world_size(self) -> int:
@@ -209,7 +128,7 @@ class ReferenceSpec(ConfigModel):
         ReferenceSpec(placement="dedicated", gpus=1)
     """
 
-    model_config = _with_rules("reference")
+    model_config = with_rules("reference")
 
     placement: ReferencePlacement = Field(
         "with_trainer",
@@ -224,7 +143,7 @@ class ReferenceSpec(ConfigModel):
     memory_gb: float = Field(
         32.0, gt=0, le=MAX_CLUSTER, description="memory of a dedicated reference, in GiB"
     )
-    scheduling: SchedulingSpec = _scheduling_field()
+    scheduling: SchedulingSpec = scheduling_field()
 
 
 class EnvWorkerSpec(ConfigModel):
@@ -242,7 +161,7 @@ class EnvWorkerSpec(ConfigModel):
     memory_gb: float = Field(
         2.0, gt=0, le=MAX_CLUSTER, description="memory of each environment worker, in GiB"
     )
-    scheduling: SchedulingSpec = _scheduling_field()
+    scheduling: SchedulingSpec = scheduling_field()
 
 
 class Topology(ConfigModel):
@@ -259,7 +178,7 @@ class Topology(ConfigModel):
         )
     """
 
-    model_config = _with_rules(None)
+    model_config = with_rules(None)
 
     inference: InferenceSpec = Field(
         default_factory=InferenceSpec, description="the rollout engines"
@@ -287,6 +206,27 @@ class Topology(ConfigModel):
             "a checked file on CPU), or 'auto' (vllm on GPUs, object_store otherwise)"
         ),
     )
+    teacher: ModelRoleSpec | None = Field(
+        None,
+        description=(
+            "the teacher of on-policy distillation (loss.distillation): engines of its own "
+            "model, or a served endpoint (url); null: none"
+        ),
+    )
+    judge: ModelRoleSpec | None = Field(
+        None,
+        description=(
+            "the generative judge of rewards.judge: engines of its own model, or a served "
+            "endpoint (url); null: none"
+        ),
+    )
+    reward_model: ModelRoleSpec | None = Field(
+        None,
+        description=(
+            "the sequence-classification reward model of rewards.reward_model: engines of its "
+            "own model, or a served endpoint (url); null: none"
+        ),
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
@@ -311,6 +251,22 @@ class Topology(ConfigModel):
             env_workers=EnvWorkerSpec(count=2, cpus_each=0.5, memory_gb=1),
         )
 
+    @classmethod
+    def schema_defaults(cls) -> Topology:
+        """What a left-out key means to the rules' JSON-schema reading: the default topology
+        with each model role at its defaults (unvalidated: neither model nor url)."""
+        roles = {role: ModelRoleSpec.model_construct() for role in MODEL_ROLES}
+        return cls.model_construct(**roles)
+
+    def model_roles(self) -> dict[str, ModelRoleSpec]:
+        """The model roles that are set, by name, in :data:`MODEL_ROLES` order."""
+        found = {role: getattr(self, role) for role in MODEL_ROLES}
+        return {role: spec for role, spec in found.items() if spec is not None}
+
+    def placed_model_roles(self) -> dict[str, ModelRoleSpec]:
+        """The model roles with engines of their own (those without a ``url``)."""
+        return {role: spec for role, spec in self.model_roles().items() if not spec.remote}
+
     @property
     def inference_gpus(self) -> int:
         """GPUs of all inference engines together."""
@@ -322,30 +278,39 @@ class Topology(ConfigModel):
         return self.reference.gpus if self.reference.placement == "dedicated" else 0
 
     @property
+    def model_role_gpus(self) -> int:
+        """GPUs of the placed model roles' engines together (a url role has none)."""
+        return sum(spec.engines * spec.engine_gpus for spec in self.placed_model_roles().values())
+
+    @property
     def total_gpus(self) -> int:
         """GPUs the whole run needs; colocated engines reuse the trainer's GPUs."""
-        if self.colocated:
-            return self.trainer.gpus + self.reference_gpus
-        return self.inference_gpus + self.trainer.gpus + self.reference_gpus
+        own = self.trainer.gpus + self.reference_gpus + self.model_role_gpus
+        return own if self.colocated else own + self.inference_gpus
 
     @property
     def total_cpus(self) -> float:
-        """CPU cores the whole run needs (engines, trainer, dedicated reference, env workers)."""
+        """CPU cores the whole run needs (engines, trainer, dedicated reference, env workers,
+        placed model roles)."""
         reference = self.reference.cpus if self.reference.placement == "dedicated" else 0.0
+        roles = self.placed_model_roles().values()
         return (
             self.inference.engines * self.inference.cpus_per_engine
             + self.trainer.cpus
             + reference
             + self.env_workers.count * self.env_workers.cpus_each
+            + sum(spec.engines * spec.cpus_per_engine for spec in roles)
         )
 
     @property
     def total_memory_gb(self) -> float:
         """Memory (GiB) of all the run's pods together."""
         reference = self.reference.memory_gb if self.reference.placement == "dedicated" else 0.0
+        roles = self.placed_model_roles().values()
         return (
             self.inference.engines * self.inference.memory_gb
             + self.trainer.memory_gb
             + reference
             + self.env_workers.count * self.env_workers.memory_gb
+            + sum(spec.engines * spec.memory_gb for spec in roles)
         )

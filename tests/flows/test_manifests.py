@@ -59,6 +59,12 @@ CHART_TOPOLOGIES = {
     },
 }
 ENV = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_PARENT_RUN_ID": "abc123"}
+USES_ROLE = {
+    "teacher": ("loss.distillation={}", "advantage.drop_zero_std=false"),
+    "judge": ("rewards.judge={}",),
+    "reward_model": ("rewards.reward_model={}",),
+}
+"""The GRPO config settings that use each model role (a topology's roles must be used)."""
 
 
 def _valid(manifest: dict[str, Any]) -> None:
@@ -237,6 +243,33 @@ def test_sft_gets_only_the_trainer_and_colocated_grpo_one_group() -> None:
     assert "entrypointNumGpus" not in cpu["spec"]
 
 
+def test_placed_model_roles_get_worker_groups_of_their_own() -> None:
+    topology = TOPOLOGIES["model-roles"]
+    roles = {"roles": {"judge": {"labels": {"llmrl.example/judge": "yes"}}}}
+    settings = type(SETTINGS).model_validate(SETTINGS.model_dump() | roles)
+    rayjob = build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", settings, topology)
+    groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    # the served teacher (url) has no pods; the judge and the reward model one per engine
+    assert list(groups) == ["inference", "trainer", "env-workers", "judge", "reward-model"]
+    judge, reward = groups["judge"]["template"], groups["reward-model"]["template"]
+    assert groups["judge"]["replicas"] == groups["reward-model"]["replicas"] == 1
+    assert judge["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "500m",
+        "memory": "2Gi",
+    }
+    assert (_gpus(judge), _gpus(reward)) == (0, 1)
+    assert reward["spec"]["nodeSelector"] == GPU_NODES.node_selector
+    assert judge["metadata"]["labels"]["llmrl.io/role"] == "judge"
+    assert judge["metadata"]["labels"]["llmrl.example/judge"] == "yes"
+    assert "llmrl.example/judge" not in reward["metadata"]["labels"]
+    assert sum(_gpus(g["template"]) * g["replicas"] for g in groups.values()) == 1
+    assert topology.total_gpus == 1
+    sft = build_rayjob_manifest("sft", "llmrl-sft-0a1b2c", settings, topology)
+    assert [g["groupName"] for g in sft["spec"]["rayClusterSpec"]["workerGroupSpecs"]] == [
+        "trainer"
+    ]
+
+
 def test_an_invalid_manifest_is_caught_by_the_schemas() -> None:
     """The schemas bite: a misspelt field fails (so the passing tests above mean something)."""
     job = build_job_manifest("eval", "llmrl-eval-0a1b2c", SETTINGS)
@@ -336,8 +369,9 @@ def test_grpo_rayjob_offers_ray_what_the_placement_reserves(topology_name: str) 
     # ...and the stage is told to place exactly this topology (the last --set wins)
     command = shlex.split(spec["entrypoint"])
     assert command[-2] == "--set" and command[-1].startswith("topology=")
-    config = load_config(GRPOConfig, None, [command[-1], "data.path=d", "prompts_per_step=64"])
-    assert config.topology == topology
+    uses = [USES_ROLE[role] for role in topology.model_roles()]  # the config must use each
+    settings = [command[-1], "data.path=d", "prompts_per_step=64", *(s for u in uses for s in u)]
+    assert load_config(GRPOConfig, None, settings).topology == topology
 
 
 @pytest.mark.parametrize("topology_name", CHART_TOPOLOGIES)

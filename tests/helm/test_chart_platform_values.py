@@ -34,7 +34,13 @@ PLATFORM_VALUES: dict[str, Any] = {
                 "podLabels": {"role": "trainer"},
             },
             "envWorkers": {"podAnnotations": {"sandbox": "gvisor"}},
+            "rewardModel": {"podLabels": {"role": "reward-model"}},
         },
+    },
+    "topology": {  # the model roles' engine pods are stage pods too
+        "teacher": {"model": "t"},
+        "judge": {"model": "j", "backend": "transformers"},
+        "reward_model": {"model": "r"},
     },
     "mlflow": {"env": [{"name": "GUNICORN_CMD_ARGS", "value": "--timeout 120"}]},
     "prefect": {"worker": {"envFrom": [{"configMapRef": {"name": "proxy"}}]}},
@@ -84,6 +90,9 @@ def test_platform_values_reach_stage_pods(chart):
         expected = "INFO" if role == "trainer" else "WARN"
         assert env["NCCL_DEBUG"]["value"] == expected, role
         assert container["envFrom"] == [{"secretRef": {"name": "s3"}}], role
+    assert {"teacher", "judge", "reward-model"} <= set(templates)
+    assert templates["reward-model"]["metadata"]["labels"]["role"] == "reward-model"
+    assert "role" not in templates["judge"]["metadata"]["labels"]
     assert templates["trainer"]["metadata"]["labels"]["role"] == "trainer"
     assert "role" not in templates["inference"]["metadata"]["labels"]
     assert templates["env-workers"]["metadata"]["annotations"] == {

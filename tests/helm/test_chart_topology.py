@@ -105,3 +105,22 @@ def test_cpu_ddp_example_runs_two_cpu_ranks_in_one_trainer_pod(chart, rendered):
     limits = trainer["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["cpu"] == "2" and "nvidia.com/gpu" not in limits
     assert requested_gpus(rayjob) == 0
+
+
+def test_model_roles_example_places_the_teacher_and_calls_the_judge(chart, rendered):
+    topology = merged_values(chart, VALUE_SETS["model-roles"]).topology
+    assert topology.judge is not None and topology.judge.remote
+    assert topology.teacher is not None and topology.teacher.engine_gpus == 2
+    (config,) = of_kind(rendered("model-roles"), "ConfigMap")
+    shipped = yaml.safe_load(config["data"]["topology.yaml"])
+    assert shipped["judge"] == {
+        "url": "http://judge.llm.svc:8000",
+        "served_model": "Qwen/Qwen2.5-32B-Instruct",
+    }
+    assert shipped.get("reward_model") is None  # null in values.yaml: Helm drops the key
+    rayjob = stage_manifests(rendered("model-roles"))["grpo"]
+    groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert list(groups) == ["inference", "trainer", "env-workers", "teacher"]  # no judge pods
+    teacher = groups["teacher"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert (teacher["nvidia.com/gpu"], teacher["cpu"], teacher["memory"]) == ("2", "8", "96Gi")
+    assert requested_gpus(rayjob) == topology.total_gpus == 8

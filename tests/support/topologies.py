@@ -14,6 +14,7 @@ from flows.launchers.settings import KubernetesSettings
 from llmrl.topology import (
     EnvWorkerSpec,
     InferenceSpec,
+    ModelRoleSpec,
     ReferenceSpec,
     SchedulingSpec,
     Topology,
@@ -168,6 +169,12 @@ TOPOLOGIES = {
     ),
     "cpu": Topology.local_default(),
     "cpu-ddp": Topology.model_validate(chart_topology("cpu-ddp.yaml")),
+    "model-roles": Topology(  # a CPU judge, a 1-GPU reward model, a served teacher
+        **Topology.local_default().model_dump(exclude={"teacher", "judge", "reward_model"}),
+        judge=ModelRoleSpec(model="m", backend="transformers", cpus_per_engine=0.5, memory_gb=2),
+        reward_model=ModelRoleSpec(model="rm", gpus_per_engine=1, scheduling=GPU_NODES),
+        teacher=ModelRoleSpec(url="http://teacher.llm.svc:8000"),
+    ),
 }
 """Named topologies the launch manifests are built for."""
 

@@ -13,6 +13,12 @@ from llmrl.core.errors import MissingExtraError
 from llmrl.topology import PlacementError, Topology, place_on_ray
 from llmrl.topology.placement import plan_groups, requested_resources
 
+CPU_ENGINE_AND_TRAINER = {
+    "inference": {"backend": "transformers", "cpus_per_engine": 0.5},
+    "trainer": {"gpus": 0, "cpus": 0.5},
+}
+"""Half a core each for a transformers engine and a CPU trainer (of the 2-core test cluster)."""
+
 
 def _plan(topology: Topology) -> tuple[list, list]:
     plan = plan_groups(topology)
@@ -158,13 +164,41 @@ def test_a_gpu_topology_fails_fast_naming_what_is_missing(ray_cluster):
 
 
 @pytest.mark.integration
+def test_a_transformers_judge_engine_gets_a_group_of_its_own(ray_cluster):
+    topology = Topology.model_validate(
+        CPU_ENGINE_AND_TRAINER
+        | {
+            "env_workers": {"count": 1, "cpus_each": 0.5},
+            "judge": {"model": "m", "backend": "transformers", "cpus_per_engine": 0.5},
+            "teacher": {"url": "http://teacher:8000"},  # served: nothing placed
+        }
+    )
+    with place_on_ray(topology, timeout_s=30) as placement:
+        assert list(placement.models) == ["judge"] and len(placement.groups) == 4
+        (judge,) = placement.models["judge"]
+        assert judge.role == "judge[0]" and judge.bundle_indices == (0,)
+        assert judge.group not in {placement.trainer.group, placement.inference[0].group}
+        assert judge.group.wait(10)
+        (bundle,) = judge.group.bundle_specs
+        assert bundle == {"CPU": 0.5}
+        strategy = judge.scheduling_strategy(0)
+        options = placement.specs.models["judge"].actor_options(strategy)
+        assert (options["num_cpus"], options["num_gpus"]) == (0.5, 0.0)
+        assert strategy.placement_group is judge.group
+    assert _all_removed(ray_cluster)
+    gpu_judge = topology.model_copy(
+        update={"judge": topology.judge.model_copy(update={"gpus_per_engine": 1})}
+    )
+    with pytest.raises(PlacementError) as caught:
+        place_on_ray(gpu_judge, timeout_s=60)
+    assert "judge[0]: 1 x {GPU: 1, CPU: 0.5} (STRICT_PACK)" in str(caught.value)
+    assert "GPU: needs 1, the cluster has 0" in str(caught.value)
+
+
+@pytest.mark.integration
 def test_an_unplaceable_group_times_out_and_is_removed(ray_cluster):
     too_wide = Topology.model_validate(
-        {
-            "inference": {"backend": "transformers", "cpus_per_engine": 0.5},
-            "trainer": {"gpus": 0, "cpus": 0.5},
-            "env_workers": {"count": 2, "cpus_each": 1.5},
-        }
+        CPU_ENGINE_AND_TRAINER | {"env_workers": {"count": 2, "cpus_each": 1.5}}
     )
     # Under load the placeable groups may also still be pending at the deadline: both are named.
     with pytest.raises(

@@ -12,13 +12,24 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
-from llmrl.topology import InferenceSpec, ReferenceSpec, Topology, TrainerSpec
+from llmrl.topology import (
+    MODEL_ROLES,
+    InferenceSpec,
+    ModelRoleSpec,
+    ReferenceSpec,
+    Topology,
+    TrainerSpec,
+)
 from llmrl.topology.chart_files import generated_files, render_guard
+from llmrl.topology.derived import MODEL_ROLE_DEFAULTS, ROLE_ENGINE_GPUS
 from llmrl.topology.expressions import Compare, Const, Field, In, IsNull, NotInSchema
+from llmrl.topology.optional import FilledField, Present
 from llmrl.topology.rules import RULES, FirstOf, Rule, all_rules, problems
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = {"inference": InferenceSpec, "trainer": TrainerSpec, "reference": ReferenceSpec}
+SECTIONS |= {role: ModelRoleSpec for role in MODEL_ROLES}
+URL = "http://judge:8000"
 
 BREAKS_ONE_RULE: list[dict[str, Any]] = [  # the i-th breaks the i-th rule of all_rules(), only
     {"inference": {"backend": "transformers", "tensor_parallel_size": 2}},
@@ -36,6 +47,21 @@ BREAKS_ONE_RULE: list[dict[str, Any]] = [  # the i-th breaks the i-th rule of al
     {"colocated": True, "inference": {"gpu_memory_utilization": 1.0}},
     {"inference": {"backend": "transformers"}, "weight_transport": "vllm"},
     {"weight_transport": "broadcast"},
+    *(
+        {role: data}
+        for role in MODEL_ROLES
+        for data in (  # each model role's rules, in order
+            {},
+            {"model": "m", "url": URL},
+            {"model": "m", "served_model": "m"},
+            {"url": URL, "engines": 2},
+            {"url": URL, "tensor_parallel_size": 2},
+            {"url": URL, "gpus_per_engine": 1},
+            {"model": "m", "backend": "transformers", "tensor_parallel_size": 2},
+            {"model": "m", "backend": "transformers", "gpus_per_engine": 2},
+            {"model": "m", "tensor_parallel_size": 2, "gpus_per_engine": 1},
+        )
+    ),
 ]
 
 
@@ -51,8 +77,8 @@ def unchecked(data: dict[str, Any]) -> Topology:
 def has_clause(rule: Rule) -> bool:
     """Whether JSON Schema states the rule (else only the chart's guard template checks it)."""
     try:
-        rule.when.schema(Topology())
-        rule.require.schema(Topology())
+        rule.when.schema(Topology.schema_defaults())
+        rule.require.schema(Topology.schema_defaults())
     except NotInSchema:
         return False
     return True
@@ -94,13 +120,14 @@ def _grid() -> list[dict[str, Any]]:
     others = itertools.product((None, "dedicated", "none"), (None, 0, 1), (None, True))
     transports = (None, "vllm", "broadcast")
     combinations = itertools.product(inference, rest, others, transports)
+    roles = _model_role_grid()
     found = []
     # every 17th of the 124,416 combinations: a spread sample that keeps the test to seconds
-    for combination in itertools.islice(combinations, 0, None, 17):
+    for index, combination in enumerate(itertools.islice(combinations, 0, None, 17)):
         (backend, tp, gpe, memory), (gpus, ranks, strategy), (place, ref, col), transport = (
             combination
         )
-        data = {
+        data = roles[index % len(roles)] | {
             "inference": {"backend": backend, "tensor_parallel_size": tp}
             | ({"gpus_per_engine": gpe} if gpe is not None else {})
             | ({"gpu_memory_utilization": memory} if memory is not None else {}),
@@ -110,6 +137,21 @@ def _grid() -> list[dict[str, Any]]:
             "weight_transport": transport,
         }
         found.append(_without_nones(data))
+    return found
+
+
+def _model_role_grid() -> list[dict[str, Any]]:
+    """Model roles over the values their rules turn on, one role set in each (and none)."""
+    values = itertools.product(
+        (None, "m"), (None, URL), (None, "m"), (None, "transformers"), (1, 2), (1, 2)
+    )
+    found: list[dict[str, Any]] = [{}]
+    for role, combination in itertools.product(MODEL_ROLES, values):
+        model, url, served, backend, engines, tp = combination
+        for gpe in (None, 0, 1, 2):
+            spec = {"model": model, "url": url, "served_model": served, "backend": backend}
+            spec |= {"engines": engines, "tensor_parallel_size": tp, "gpus_per_engine": gpe}
+            found.append({role: {key: value for key, value in spec.items() if value is not None}})
     return found
 
 
@@ -126,7 +168,7 @@ def test_the_json_schema_refuses_exactly_what_its_rules_refuse():
     # rule JSON Schema can state is broken; what it refuses, the model refuses too.
     validator = jsonschema.Draft7Validator(Topology.model_json_schema())
     stated = [rule for rule in all_rules() if has_clause(rule)]
-    grid = _grid()
+    grid = _grid() + _model_role_grid()
     assert len(grid) > 7000
     for data in grid:
         topology = unchecked(data)
@@ -154,7 +196,9 @@ def test_helm_refuses_what_the_model_refuses_with_the_same_message(tmp_path):
     shutil.copytree(REPO / "helm" / "llmrl", guard_only)
     (guard_only / "values.schema.json").unlink()
     with helm.Chart.load(REPO / "helm" / "llmrl") as chart, helm.Chart.load(guard_only) as bare:
-        for data in _grid()[::16]:
+        # each render validates the whole schema: a sample of the grid, and of the model roles
+        # alone (the rest valid, so each role's first problem is the one reported)
+        for data in _grid()[::28] + _model_role_grid()[::8]:
             values = {"topology": data}
             expected = _first_problem(chart.merge_values(values)["topology"])
             for loaded in (chart, bare):
@@ -186,6 +230,41 @@ def test_null_fields_follow_one_semantics():
         "properties": {"ranks": {"minimum": 2, "type": "integer"}},
         "required": ["ranks"],
     }
+
+
+def test_an_optional_section_is_read_only_when_set():
+    left_out, judge = Topology(), Topology(judge={"url": URL, "engines": 1})
+    assert Present("judge").evaluate(left_out) is False and Present("judge").evaluate(judge)
+    # no rule of a model role reads into a role left out (its fields would raise)
+    assert problems(left_out) == []
+    # Go: a left-out key of a set role is its default; a role left out is never read into
+    engines = FilledField("judge.engines", default=MODEL_ROLE_DEFAULTS["engines"])
+    assert engines.go("$t") == (
+        '(int (ternary 1 $t.judge.engines (kindIs "invalid" $t.judge.engines)))'
+    )
+    assert Present("judge").go("$t") == '(not (kindIs "invalid" $t.judge))'
+    # JSON Schema: within the role's own schema, it is set; across sections, it is an object
+    assert Present("judge").schema(left_out, "judge.") == {"type": "object"}
+    assert Present("judge").schema(left_out)["required"] == ["judge"]
+    with pytest.raises(NotInSchema):
+        Present("judge").schema(left_out, "inference.")
+
+
+def test_the_model_roles_defaults_are_the_specs_and_their_gpus_derive_alike():
+    fields = ModelRoleSpec.model_fields
+    assert {name: fields[name].default for name in MODEL_ROLE_DEFAULTS} == MODEL_ROLE_DEFAULTS
+    judges = [
+        {"model": "m"},
+        {"model": "m", "tensor_parallel_size": 4},
+        {"model": "m", "backend": "transformers"},
+        {"url": URL, "gpus_per_engine": 0},
+    ]
+    gpus = []
+    for data in judges:
+        topology = Topology.model_validate({"judge": data})
+        assert ROLE_ENGINE_GPUS["judge"].evaluate(topology) == topology.judge.engine_gpus
+        gpus.append(topology.judge.engine_gpus)
+    assert gpus == [1, 4, 0, 0]
 
 
 def test_the_guard_fails_with_every_rule_message():

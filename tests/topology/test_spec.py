@@ -108,6 +108,7 @@ def test_local_default_fits_a_two_core_machine():
         ("two-node-disaggregated.yaml", 16, 144.0, 1600.0),  # 4 x TP2 + 8 trainer GPUs
         ("cpu-dev.yaml", 0, 3.0, 12.0),
         ("cpu-ddp.yaml", 0, 4.0, 14.0),  # 2 CPU ranks share the trainer's 2 cores
+        ("model-roles.yaml", 8, 72.0, 768.0),  # + a TP2 teacher; the judge is served (url)
     ],
 )
 def test_totals_of_the_chart_topologies(example, gpus, cpus, memory_gb):

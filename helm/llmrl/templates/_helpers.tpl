@@ -119,9 +119,9 @@ built from them. Each stage brings its own Ray cluster (a RayJob); the chart hol
 {{- define "llmrl.stageSettings" -}}
 {{- $p := .Values.stagePods }}
 {{- $roles := dict }}
-{{- range $key := list "job" "driver" "head" "inference" "trainer" "colocated" "reference" "envWorkers" }}
+{{- range $key := list "job" "driver" "head" "inference" "trainer" "colocated" "reference" "envWorkers" "teacher" "judge" "rewardModel" }}
 {{- $role := get ($p.roles | default dict) $key | default dict }}
-{{- $name := ternary "env-workers" $key (eq $key "envWorkers") }}
+{{- $name := get (dict "envWorkers" "env-workers" "rewardModel" "reward-model") $key | default $key }}
 {{- $env := concat ($p.env | default list) ($role.env | default list) }}
 {{- $envFrom := concat ($p.envFrom | default list) ($role.envFrom | default list) }}
 {{- $r := dict }}
