@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from tensordict import TensorDictBase
 
 from llmrl.envs.transforms.base import EnvTransform
+from llmrl.policies.token_log_probs import batch_log_probs, scoring_twin
 
 if TYPE_CHECKING:
     from llmrl.policies import LLMWrapperBase
@@ -27,26 +28,10 @@ class RetrieveLogProb(EnvTransform):
         assistant_only: bool = True,
         out_key: str = "ref_log_probs",
     ) -> None:
-        self.scorer = policy.get_new_version(
-            generate=False, input_mode="tokens", pad_output=False, return_log_probs=True
-        )
+        self.scorer = scoring_twin(policy)
         self.assistant_only = assistant_only
         self.out_key = out_key
 
     def on_step(self, td: TensorDictBase) -> TensorDictBase:
-        keys = self.scorer.keys
-        scored = self.scorer(td.select(keys["tokens"], keys["masks"], strict=False))
-        log_probs = scored.get(keys["log_probs"])
-        if self.assistant_only:
-            masks = scored.get(keys["masks"])
-            full = [
-                lp * m
-                for lp, m in zip(log_probs.as_list("full"), masks.as_list("assistant"), strict=True)
-            ]
-            log_probs = type(log_probs).from_sequences(
-                prompt=log_probs.as_list("prompt") if log_probs.has("prompt") else None,
-                response=log_probs.as_list("response") if log_probs.has("response") else None,
-                full=full,
-            )
-        td.set(self.out_key, log_probs)
+        td.set(self.out_key, batch_log_probs(self.scorer, td, self.assistant_only))
         return td
