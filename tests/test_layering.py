@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # (name, its packages), bottom up
         "data, models, topology, tracking",
         ("models", "topology", "config", "data", "tracking", "eval"),
     ),
-    ("policies, envs, objectives", ("policies", "envs", "objectives")),
+    ("policies, envs, objectives", ("policies", "scorers", "envs", "objectives")),
     ("collectors, transports, per-rank training", ("transports", "collectors", "train")),
     ("runtime", ("runtime",)),
     ("stages and CLI", ("stages", "cli")),
