@@ -24,7 +24,9 @@ class TaskEnv(DatasetChatEnv):
     """A :class:`DatasetChatEnv` over ``problems`` scored by ``task``.
 
     The system prompt defaults to ``task.instructions`` (the required answer format). Extra
-    ``transforms`` (tools, KL penalty, ...) run before the task's reward.
+    ``transforms`` (tools, KL penalty, ...) run before the task's reward, weighted by
+    ``reward_weight``; ``reward_transforms`` (a reward model's or a judge's score,
+    :class:`~llmrl.envs.transforms.model_reward.ModelReward`) run after it.
 
     Example:
         >>> task = ArithmeticTask(digits=2)
@@ -39,6 +41,8 @@ class TaskEnv(DatasetChatEnv):
         repeats: int = 1,
         system_prompt: str | None = None,
         transforms: list[EnvTransform] | None = None,
+        reward_weight: float = 1.0,
+        reward_transforms: list[EnvTransform] | None = None,
         **env_options: Any,
     ) -> None:
         super().__init__(
@@ -46,7 +50,11 @@ class TaskEnv(DatasetChatEnv):
             batch_size,
             repeats,
             system_prompt=task.instructions if system_prompt is None else system_prompt,
-            transforms=[*(transforms or []), TaskReward(task)],
+            transforms=[
+                *(transforms or []),
+                TaskReward(task, weight=reward_weight),
+                *(reward_transforms or []),
+            ],
             **env_options,
         )
         self.task = task

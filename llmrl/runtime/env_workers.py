@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrl.config.common import ToolSettings
+from llmrl.config.model_signals import RewardSettings
 from llmrl.envs.tasks.base import Task
 from llmrl.topology import Placement
 
@@ -22,7 +23,9 @@ from llmrl.topology import Placement
 @dataclass(frozen=True, kw_only=True)
 class TaskEnvFactory:
     """``factory(worker_index) -> TaskEnv`` over that worker's shard of ``rows`` (picklable);
-    ``tools``: the stage's tool settings (None or all off: single-turn episodes)."""
+    ``tools``: the stage's tool settings (None or all off: single-turn episodes); ``rewards``
+    and ``scorers``: the task reward's weight and the model rewards (the clients of the judge
+    and the reward model, :mod:`llmrl.runtime.model_roles`), scored after the task's."""
 
     task: Task
     rows: list[Any]
@@ -31,9 +34,13 @@ class TaskEnvFactory:
     num_samples: int
     seed: int
     tools: ToolSettings | None = None
+    rewards: RewardSettings | None = None
+    scorers: dict[str, Any] | None = None
 
     def __call__(self, worker_index: int) -> Any:
         from llmrl.envs.task_env import TaskEnv
+
+        rewards = self.rewards or RewardSettings()
 
         return TaskEnv(
             self.task,
@@ -42,8 +49,32 @@ class TaskEnvFactory:
             repeats=self.num_samples,
             seed=self.seed + worker_index,
             group_ids=(worker_index, self.num_workers),  # unique across workers
+            reward_weight=rewards.task_weight,
+            reward_transforms=model_rewards(rewards, self.scorers or {}),
             **tool_env_options(self.task, self.tools),
         )
+
+
+def model_rewards(rewards: RewardSettings, scorers: dict[str, Any]) -> list[Any]:
+    """A :class:`~llmrl.envs.transforms.ModelReward` per model reward ``rewards`` uses, over
+    its scorer in ``scorers`` (by role name)."""
+    transforms = []
+    for name, settings in rewards.models().items():
+        from llmrl.envs.transforms import ModelReward
+
+        if name not in scorers:
+            raise ValueError(f"rewards.{name} is set but no {name} scorer was started")
+        transforms.append(
+            ModelReward(
+                name=name,
+                scorer=scorers[name],
+                weight=settings.weight,
+                normalize=getattr(settings, "normalize", False),
+                fallback_reward=settings.fallback_reward,
+                max_rows_per_request=getattr(settings, "max_rows_per_request", None),
+            )
+        )
+    return transforms
 
 
 def env_worker_options(placement: Placement) -> list[dict[str, Any]]:

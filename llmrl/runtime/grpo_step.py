@@ -23,7 +23,8 @@ Metrics of a step: the rollout statistics (:func:`rollout_metrics`), dynamic sam
 (:mod:`llmrl.collectors.dynamic_sampling`), the trainer's (losses, ``grad_norm``, ``lr``,
 per-phase seconds, ``peak_memory_mb``), ``generation_seconds`` (waiting for the batches),
 ``training_seconds``, ``weight_sync_seconds``, ``weight_sync_bytes``, the run's counters
-(``skipped_steps``, ``dropped_zero_std_groups``, ``underfilled_steps``), ``policy_version``
+(``skipped_steps``, ``dropped_zero_std_groups``, ``underfilled_steps``), the model rewards'
+``<role>/score_mean`` and ``<role>/failures`` (:func:`model_reward_metrics`), ``policy_version``
 (after the push), ``staleness`` (trainer version - oldest sample's), the collector's
 ``collector/*``, ``tokens_per_second`` (response tokens / generation seconds), and the audit's
 ``audit/*``.
@@ -138,7 +139,28 @@ def rollout_metrics(batch: TensorDictBase) -> dict[str, float]:
         "response_tokens": float(lengths.sum()),
         "accuracy": _mean_or_nan(batch.get("correct", None)),
         "format_rate": _mean_or_nan(batch.get("formatted", None)),
+        **model_reward_metrics(batch),
     }
+
+
+MODEL_REWARDS = ("reward_model", "judge")
+"""The model roles whose scores the env workers write per row (``<name>_score``,
+``<name>_failed``: :class:`~llmrl.envs.transforms.model_reward.ModelReward`)."""
+
+
+def model_reward_metrics(batch: TensorDictBase) -> dict[str, float]:
+    """``<role>/score_mean`` (over the rows it scored) and ``<role>/failures`` (rows that got
+    the fallback reward) of each model reward in the batch; nothing for the others."""
+    metrics = {}
+    for name in MODEL_REWARDS:
+        score = batch.get(f"{name}_score", None)
+        if score is None:
+            continue
+        failed = batch.get(f"{name}_failed").reshape(-1).bool()
+        scored = score.reshape(-1).float()[~failed]
+        metrics[f"{name}/score_mean"] = float(scored.mean()) if scored.numel() else math.nan
+        metrics[f"{name}/failures"] = float(failed.sum())
+    return metrics
 
 
 def _mean_or_nan(values: torch.Tensor | None) -> float:

@@ -15,16 +15,21 @@ if TYPE_CHECKING:
 
 
 class TaskReward(EnvTransform):
-    """Adds ``task.score(reply, answer).reward`` to ``reward`` and records ``correct`` and
-    ``formatted`` (bool ``[B]``). The reply is the last assistant message of
-    ``("history", "full")``; the reference is the row's ``answer``."""
+    """Adds ``weight * task.score(reply, answer).reward`` to ``reward`` and records ``correct``
+    and ``formatted`` (bool ``[B]``, whatever the weight). The reply is the last assistant
+    message of ``("history", "full")``; the reference is the row's ``answer``."""
 
     def __init__(
-        self, task: Task, answer_key: str = "answer", history_key: str = "history"
+        self,
+        task: Task,
+        answer_key: str = "answer",
+        history_key: str = "history",
+        weight: float = 1.0,
     ) -> None:
         self.task = task
         self.answer_key = answer_key
         self.history_key = history_key
+        self.weight = weight
 
     def on_step(self, td: TensorDictBase) -> TensorDictBase:
         answers = [str(a) for a in as_list(td.get(self.answer_key))]
@@ -33,7 +38,10 @@ class TaskReward(EnvTransform):
             for chat in td.get((self.history_key, "full")).to_chats()
         ]
         scores = [self.task.score(r, a) for r, a in zip(replies, answers, strict=True)]
-        td.set("reward", td.get("reward") + torch.tensor([s.reward for s in scores]))
+        rewards = torch.tensor([s.reward for s in scores])
+        td.set(
+            "reward", td.get("reward") + (rewards if self.weight == 1 else self.weight * rewards)
+        )
         td.set("correct", torch.tensor([s.correct for s in scores]))
         td.set("formatted", torch.tensor([s.formatted for s in scores]))
         return td
