@@ -124,6 +124,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer, tiny) ->
 
 
 @pytest.fixture(scope="session")
+def tiny_classifier_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
+    """A tiny random one-label ``LlamaForSequenceClassification`` (a reward model) saved with
+    SmolLM2's tokenizer; vLLM's CPU build accepts it (head size 64)."""
+    from tests.support.reward_models import save_classifier
+
+    return save_classifier(tmp_path_factory.mktemp("tiny-classifier"), tokenizer)
+
+
+@pytest.fixture(scope="session")
 def arithmetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A prepared arithmetic dataset: 40 train and 10 eval problems (the ``data.path``)."""
     from llmrl.config import PrepareConfig

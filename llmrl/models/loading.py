@@ -71,6 +71,15 @@ def load_model(
     return model.to(device).eval()
 
 
+def model_location(
+    spec: str | Path, *, trust_remote_code: bool = False, allow_pickled_weights: bool = False
+) -> tuple[str, dict]:
+    """The folder (or hub id) ``from_pretrained`` reads for a model spec, and the options it
+    needs: what :func:`load_model` reads, for loaders of other model classes (a reward
+    model's classifier). A local folder is checked first, as in :func:`load_model`."""
+    return _weights_location(resolve_spec(spec), trust_remote_code, allow_pickled_weights)
+
+
 def as_dtype(dtype: DTypeLike) -> torch.dtype:
     """Accept ``torch.float32`` or a name such as ``"bfloat16"``; reject anything else clearly."""
     candidate = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)

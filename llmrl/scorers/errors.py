@@ -16,3 +16,10 @@ class ModelCallError(RuntimeError):
             f"{role}: the call to server {server} failed after {attempts} attempt"
             f"{'' if attempts == 1 else 's'}: {cause}"
         )
+
+
+def describe_error(error: BaseException) -> str:
+    """An error in one line: its type and the last line of its message (a Ray error's message
+    is the remote traceback, whose last line is the remote error)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1]}" if lines else type(error).__name__
