@@ -15,12 +15,10 @@ from llmrl.scorers.policy_factory import ScoringPolicyFactory
 from llmrl.scorers.reward_model import RewardModelFactory
 from llmrl.scorers.server import start_model_servers
 from tests.support.ray_local import actor_runtime_env
-from tests.support.reward_models import chat_ids, own_logits
+from tests.support.reward_models import SYSTEM, chat_ids, own_logits, score_requests
 from tests.support.scripted_scorers import BrokenFactory, LengthScorerFactory, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-SYSTEM = "You grade answers."
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +60,7 @@ def test_concurrent_callers_reach_the_reward_model_as_one_call_scoring_its_own_f
     [server] = _servers(factory, actor_options, batch_rows=5, batching_timeout_s=30)
     client = ModelClient(role="reward_model", servers=[server], timeout_s=60, max_retries=0)
     pairs = [("2+2?", "4"), ("3+3?", "six"), ("Hi", "Hello there"), ("1+1?", "2"), ("Go", "ok")]
-    requests = [
-        {
-            "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}],
-            "response": r,
-            "reference": None,
-        }
-        for p, r in pairs
-    ]
+    requests = score_requests(pairs)
     # three env workers: 2 + 2 + 1 rows; the batch waits for its 5 rows, not for 30 s
     parts = _in_threads(client, [requests[:2], requests[2:4], requests[4:]])
     expected = [row[0] for row in own_logits(tiny_classifier_dir, [

@@ -11,29 +11,23 @@ import pytest
 from llmrl.policies.remote_vllm import RemoteEngineError
 from llmrl.scorers.policy_factory import ScoringPolicyFactory
 from llmrl.scorers.reward_model import NotAClassifierError, RewardModelFactory
-from tests.support.reward_models import chat_ids, own_logits, save_classifier
+from tests.support.reward_models import (
+    SYSTEM,
+    chat_ids,
+    own_logits,
+    save_classifier,
+    score_requests,
+)
 
 # fp32 logits (|x| < 1) of a 2-layer model: a padded batch computes the same sums through other
 # kernels (batched matmuls, a masked softmax), a few float32 roundings (1e-7 each) apart; a
 # wrong token or row moves a logit by 1e-2 or more.
 FP32_ATOL = 1e-5
-SYSTEM = "You grade answers."
 PAIRS = [
     ("What is 2+2?", "4"),
     ("Name a colour of the sky on a clear day, in one word please.", "Blue, mostly."),
     ("Hi", "Hello! How can I help you today? Ask me anything at all."),
 ]
-
-
-def _requests(pairs=PAIRS) -> list[dict]:
-    return [
-        {
-            "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}],
-            "response": r,
-            "reference": None,
-        }
-        for p, r in pairs
-    ]
 
 
 def _factory(folder, **options) -> RewardModelFactory:
@@ -45,7 +39,7 @@ def test_scores_equal_the_classifiers_own_forward_in_padded_batches(tiny_classif
     assert len({len(s) for s in ids}) == 3  # three lengths: batches of two are padded
     expected = [row[0] for row in own_logits(tiny_classifier_dir, ids)]
     scorer = pickle.loads(pickle.dumps(_factory(tiny_classifier_dir, batch_rows=2)))()
-    assert scorer(_requests()) == pytest.approx(expected, abs=FP32_ATOL)
+    assert scorer(score_requests(PAIRS)) == pytest.approx(expected, abs=FP32_ATOL)
     assert len(set(expected)) == 3  # a constant or a swapped row would show
 
 
@@ -53,14 +47,14 @@ def test_two_labels_score_the_difference_of_the_logits(tmp_path, tokenizer):
     folder = save_classifier(tmp_path / "rm2", tokenizer, num_labels=2, seed=1)
     ids = [chat_ids(tokenizer, SYSTEM, p, r) for p, r in PAIRS]
     expected = [b - a for a, b in own_logits(folder, ids)]
-    assert _factory(folder)()(_requests()) == pytest.approx(expected, abs=FP32_ATOL)
+    assert _factory(folder)()(score_requests(PAIRS)) == pytest.approx(expected, abs=FP32_ATOL)
 
 
 def test_long_texts_keep_their_end(tiny_classifier_dir, tokenizer):
     ids = chat_ids(tokenizer, SYSTEM, *PAIRS[1])
     [[expected]] = own_logits(tiny_classifier_dir, [ids[-9:]])
     [[whole]] = own_logits(tiny_classifier_dir, [ids])
-    [score] = _factory(tiny_classifier_dir, max_length=9)()(_requests(PAIRS[1:2]))
+    [score] = _factory(tiny_classifier_dir, max_length=9)()(score_requests(PAIRS[1:2]))
     assert score == pytest.approx(expected, abs=FP32_ATOL)
     assert abs(whole - expected) > 1e-4
 
@@ -74,7 +68,7 @@ def test_a_tokenizer_without_a_chat_template_reads_plain_text(tmp_path, tokenize
     assert not _factory(folder).engine.load_tokenizer().chat_template
     texts = [f"{SYSTEM}\n\n{p}\n\n{r}" for p, r in PAIRS]
     expected = [row[0] for row in own_logits(folder, [plain(t)["input_ids"] for t in texts])]
-    assert _factory(folder)()(_requests()) == pytest.approx(expected, abs=FP32_ATOL)
+    assert _factory(folder)()(score_requests(PAIRS)) == pytest.approx(expected, abs=FP32_ATOL)
 
 
 def test_a_causal_lm_folder_is_refused_by_name(tiny_model_dir):

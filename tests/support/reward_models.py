@@ -59,3 +59,18 @@ def chat_ids(
         for role, content in (("system", system), ("user", prompt), ("assistant", response))
     )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+SYSTEM = "You grade answers."
+
+
+def score_requests(pairs: list[tuple[str, str]], system: str = SYSTEM) -> list[dict]:
+    """Score requests of (user prompt, response) pairs, each chat with the system prompt."""
+    return [
+        {
+            "prompt": [{"role": "system", "content": system}, {"role": "user", "content": p}],
+            "response": r,
+            "reference": None,
+        }
+        for p, r in pairs
+    ]

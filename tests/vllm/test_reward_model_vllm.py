@@ -1,0 +1,28 @@
+"""The reward model on vLLM's CPU build (the pooling runner in this process): its scores equal
+the classifier's own transformers forward on the same hand-built token ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmrl.scorers.policy_factory import ScoringPolicyFactory
+from llmrl.scorers.reward_model import RewardModelFactory
+from tests.support.reward_models import SYSTEM, chat_ids, own_logits, score_requests
+from tests.vllm.conftest import ATOL
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PAIRS = [("What is 2+2?", "4"), ("Hi", "Hello! How can I help?"), ("3*3?", "It is nine.")]
+
+
+def test_vllm_pooling_scores_equal_the_classifiers_own_forward(tiny_classifier_dir, tokenizer):
+    engine = ScoringPolicyFactory(model=str(tiny_classifier_dir), backend="vllm", dtype="float32")
+    scorer = RewardModelFactory(engine=engine, max_length=256, batch_rows=2)()
+    try:
+        scores = scorer(score_requests(PAIRS))
+    finally:
+        scorer.close()
+    ids = [chat_ids(tokenizer, SYSTEM, p, r) for p, r in PAIRS]
+    expected = [row[0] for row in own_logits(tiny_classifier_dir, ids)]
+    assert scores == pytest.approx(expected, abs=ATOL)
+    assert max(expected) - min(expected) > 10 * ATOL  # the rows are told apart
