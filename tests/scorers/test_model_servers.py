@@ -15,7 +15,7 @@ from llmrl.scorers.policy_factory import ScoringPolicyFactory
 from llmrl.scorers.reward_model import RewardModelFactory
 from llmrl.scorers.server import start_model_servers
 from tests.support.ray_local import actor_runtime_env
-from tests.support.reward_models import SYSTEM, chat_ids, own_logits, score_requests
+from tests.support.reward_models import own_scores, score_requests
 from tests.support.scripted_scorers import BrokenFactory, LengthScorerFactory, request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -63,9 +63,7 @@ def test_concurrent_callers_reach_the_reward_model_as_one_call_scoring_its_own_f
     requests = score_requests(pairs)
     # three env workers: 2 + 2 + 1 rows; the batch waits for its 5 rows, not for 30 s
     parts = _in_threads(client, [requests[:2], requests[2:4], requests[4:]])
-    expected = [row[0] for row in own_logits(tiny_classifier_dir, [
-        chat_ids(tokenizer, SYSTEM, p, r) for p, r in pairs
-    ])]  # fmt: skip
+    expected = own_scores(tiny_classifier_dir, tokenizer, pairs)
     assert [score for part in parts for score in part] == pytest.approx(expected, abs=1e-5)
     got = ray.get(server.metrics.remote())
     assert (got["requests"], got["rows"], got["batches"], got["failures"]) == (3, 5, 1, 0)

@@ -15,6 +15,7 @@ from tests.support.reward_models import (
     SYSTEM,
     chat_ids,
     own_logits,
+    own_scores,
     save_classifier,
     score_requests,
 )
@@ -37,7 +38,7 @@ def _factory(folder, **options) -> RewardModelFactory:
 def test_scores_equal_the_classifiers_own_forward_in_padded_batches(tiny_classifier_dir, tokenizer):
     ids = [chat_ids(tokenizer, SYSTEM, p, r) for p, r in PAIRS]
     assert len({len(s) for s in ids}) == 3  # three lengths: batches of two are padded
-    expected = [row[0] for row in own_logits(tiny_classifier_dir, ids)]
+    expected = own_scores(tiny_classifier_dir, tokenizer, PAIRS)
     scorer = pickle.loads(pickle.dumps(_factory(tiny_classifier_dir, batch_rows=2)))()
     assert scorer(score_requests(PAIRS)) == pytest.approx(expected, abs=FP32_ATOL)
     assert len(set(expected)) == 3  # a constant or a swapped row would show

@@ -74,3 +74,10 @@ def score_requests(pairs: list[tuple[str, str]], system: str = SYSTEM) -> list[d
         }
         for p, r in pairs
     ]
+
+
+def own_scores(folder: Path | str, tokenizer: PreTrainedTokenizerBase, pairs) -> list[float]:
+    """A one-label classifier's own logit of each (prompt, response) pair of
+    :func:`score_requests`, from hand-built token ids (:func:`chat_ids`)."""
+    ids = [chat_ids(tokenizer, SYSTEM, prompt, response) for prompt, response in pairs]
+    return [row[0] for row in own_logits(folder, ids)]

@@ -11,7 +11,7 @@ from llmrl.policies.remote_vllm import RemoteEngineError
 from llmrl.scorers.client import ModelClient
 from llmrl.scorers.policy_factory import ScoringPolicyFactory
 from llmrl.scorers.reward_model import RewardModelFactory
-from tests.support.reward_models import SYSTEM, chat_ids, own_logits, score_requests
+from tests.support.reward_models import own_scores, score_requests
 from tests.support.vllm_server import served_model
 from tests.vllm.conftest import ATOL
 
@@ -46,8 +46,7 @@ def test_served_scores_equal_the_classifiers_own_forward(
         scores = client(score_requests(PAIRS))
     finally:
         client.close()
-    ids = [chat_ids(tokenizer, SYSTEM, p, r) for p, r in PAIRS]
-    expected = [row[0] for row in own_logits(tiny_classifier_dir, ids)]
+    expected = own_scores(tiny_classifier_dir, tokenizer, PAIRS)
     assert scores == pytest.approx(expected, abs=ATOL)
     assert client.metrics()["failures"] == 0
 

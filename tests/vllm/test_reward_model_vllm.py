@@ -7,7 +7,7 @@ import pytest
 
 from llmrl.scorers.policy_factory import ScoringPolicyFactory
 from llmrl.scorers.reward_model import RewardModelFactory
-from tests.support.reward_models import SYSTEM, chat_ids, own_logits, score_requests
+from tests.support.reward_models import own_scores, score_requests
 from tests.vllm.conftest import ATOL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -22,7 +22,6 @@ def test_vllm_pooling_scores_equal_the_classifiers_own_forward(tiny_classifier_d
         scores = scorer(score_requests(PAIRS))
     finally:
         scorer.close()
-    ids = [chat_ids(tokenizer, SYSTEM, p, r) for p, r in PAIRS]
-    expected = [row[0] for row in own_logits(tiny_classifier_dir, ids)]
+    expected = own_scores(tiny_classifier_dir, tokenizer, PAIRS)
     assert scores == pytest.approx(expected, abs=ATOL)
     assert max(expected) - min(expected) > 10 * ATOL  # the rows are told apart
