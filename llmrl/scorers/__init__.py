@@ -9,10 +9,13 @@ actor and :class:`~llmrl.scorers.client.ModelClient` calls a role's servers (or 
 with a deadline and bounded retries.
 """
 
+from llmrl.scorers.client import ModelClient
 from llmrl.scorers.errors import ModelCallError
 from llmrl.scorers.judge import JudgeFactory, JudgeScorer
 from llmrl.scorers.policy_factory import ScoringPolicyFactory, close_policy
 from llmrl.scorers.requests import ScoreRequest, request_from_chat, requests_from_batch
+from llmrl.scorers.reward_model import NotAClassifierError, RewardModelFactory, RewardModelScorer
+from llmrl.scorers.server import ModelServer, start_model_servers
 from llmrl.scorers.teacher import (
     TeacherFactory,
     TeacherScorer,
@@ -24,6 +27,11 @@ __all__ = [
     "JudgeFactory",
     "JudgeScorer",
     "ModelCallError",
+    "ModelClient",
+    "ModelServer",
+    "NotAClassifierError",
+    "RewardModelFactory",
+    "RewardModelScorer",
     "ScoreRequest",
     "ScoringPolicyFactory",
     "TeacherFactory",
@@ -33,4 +41,5 @@ __all__ = [
     "close_policy",
     "request_from_chat",
     "requests_from_batch",
+    "start_model_servers",
 ]

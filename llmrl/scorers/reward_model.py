@@ -28,7 +28,7 @@ Example (hand-computed): one label scores its logit, two their difference:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -226,7 +226,6 @@ class RewardModelFactory:
     max_length: int = 2048
     batch_rows: int = 16
     timeout_s: float = 120.0
-    extra_vllm: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_role(
@@ -306,6 +305,5 @@ class RewardModelFactory:
             cpu_kv_cache_gb=engine.cpu_kv_cache_gb,
             trust_remote_code=bool(engine.load_options.get("trust_remote_code", False)),
             runner="pooling",
-            **self.extra_vllm,
         )
         return self._scorer(tokenizer, VLLMClassifier(vllm_engine.llm), vllm_engine.close)
