@@ -16,6 +16,7 @@ from torch import nn
 
 from llmrl.data import LogProbs, unpad_sequences
 from llmrl.objectives.consistency import logprob_gap_rows
+from llmrl.objectives.distillation import TEACHER_LOG_PROBS, distillation_advantage, reverse_kl
 from llmrl.objectives.grpo_objective import (
     GRPOLossOutput,
     check_coeffs,
@@ -34,6 +35,7 @@ from llmrl.policies.policy_inputs import get_input
 
 if TYPE_CHECKING:
     from llmrl.config.grpo import GRPOLossSettings
+    from llmrl.config.model_signals import DistillationSettings
     from llmrl.data import Masks
     from llmrl.policies import LLMWrapperBase
 
@@ -94,6 +96,10 @@ class GRPOLoss(nn.Module):
         tis_cap: truncated importance sampling cap; off by default.
         mismatch: a train/inference mismatch correction (token or sequence level, truncate or
             mask; :mod:`llmrl.objectives.mismatch`); off by default. Not with ``tis_cap``.
+        distillation: on-policy distillation (``coeff``, ``task_weight``): each trained
+            token's advantage becomes ``task_weight * A_i + coeff * (teacher - sampler)``
+            (:mod:`llmrl.objectives.distillation`), from the batch's ``teacher_log_probs``;
+            off by default.
         advantage_key, ref_log_probs_key, old_log_probs_key: where to read those entries.
 
     Example:
@@ -114,12 +120,13 @@ class GRPOLoss(nn.Module):
         :class:`MismatchCorrection`, and ``aggregation: sum_norm`` divides by the generation
         budget ``max_new_tokens``.
         """
-        options = settings.model_dump(exclude={"variant", "mismatch"})
+        options = settings.model_dump(exclude={"variant", "mismatch", "distillation"})
         mismatch = settings.mismatch
         return cls(
             actor,
             **options,
             mismatch=MismatchCorrection(**mismatch.model_dump()) if mismatch else None,
+            distillation=settings.distillation,
             max_length_norm=max_new_tokens if settings.aggregation == "sum_norm" else None,
         )
 
@@ -135,6 +142,7 @@ class GRPOLoss(nn.Module):
         masking_strategy: str = "sft",
         tis_cap: float | None = None,
         mismatch: MismatchCorrection | None = None,
+        distillation: DistillationSettings | None = None,
         advantage_key: str = "advantage",
         ref_log_probs_key: str = "ref_log_probs",
         old_log_probs_key: str | None = None,
@@ -163,6 +171,7 @@ class GRPOLoss(nn.Module):
             raise ValueError("tis_cap and mismatch both set: tis_cap is the token/truncate case")
         self.tis_cap = tis_cap
         self.mismatch = mismatch
+        self.distillation = distillation
         self.advantage_key = advantage_key
         self.ref_log_probs_key = ref_log_probs_key
         self.old_log_probs_key = old_log_probs_key
@@ -188,6 +197,8 @@ class GRPOLoss(nn.Module):
         keys = self.actor.keys
         for key in (keys["tokens"], keys["log_probs"], self.advantage_key):
             get_input(td, key)
+        if self.distillation is not None:
+            get_input(td, TEACHER_LOG_PROBS)
         if self.kl_to_ref_coeff > 0:
             get_input(td, self.ref_log_probs_key)
         if self.old_log_probs_key is not None:
@@ -223,10 +234,18 @@ class GRPOLoss(nn.Module):
         entropy = None
         if self.entropy_coeff > 0:  # laid out like the log-probs (the actor pads its output)
             entropy = scored.get("entropy").full.to(current.device)
+        advantage = td.get(self.advantage_key).to(current.device)
+        teacher = None
+        if self.distillation is not None:
+            teacher = self._teacher_log_probs(td, in_masks, masks, mask)
+            settings = self.distillation
+            advantage = distillation_advantage(
+                advantage, teacher, sampling, mask, settings.coeff, settings.task_weight
+            )
         out = grpo_objective(
             current,
             anchor,
-            td.get(self.advantage_key).to(current.device),
+            advantage,
             mask,
             clip_epsilon=self.clip_epsilon,
             aggregation=self.aggregation,
@@ -245,6 +264,8 @@ class GRPOLoss(nn.Module):
         # given, else these log-probs), where the sampler gave its own
         trainer = anchor if self.old_log_probs_key is not None else current
         out.sampler_gap = logprob_gap_rows(trainer, sampling, mask & known)
+        if teacher is not None:
+            out.distill_reverse_kl = reverse_kl(teacher, sampling, mask)
         return out
 
     def policy_gradient(
@@ -302,6 +323,23 @@ class GRPOLoss(nn.Module):
                 )
             return None
         return ref
+
+    def _teacher_log_probs(
+        self, td: TensorDictBase, in_masks: Masks | None, masks: Masks, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The teacher's log-probs over the layout; every trained position must have one."""
+        teacher, known = align_to_layout(
+            td.get(TEACHER_LOG_PROBS), in_masks, masks, TEACHER_LOG_PROBS
+        )
+        missing = mask & ~known
+        if missing.any():
+            row = int(missing.any(1).nonzero()[0])
+            raise ValueError(
+                f"row {row}: {TEACHER_LOG_PROBS!r} has no values for some trained positions; "
+                "the teacher must score every token the loss trains on (its prompt or full "
+                f"log-probs under masking_strategy={self.masking_strategy!r})"
+            )
+        return teacher.to(mask.device)
 
     def extra_repr(self) -> str:
         return (

@@ -73,6 +73,9 @@ class GRPOLossOutput(TensorClass["nocast"]):
     normalizer: torch.Tensor | None = None
     """What the aggregation divided by (valid tokens, or sequences): trainer ranks weight their
     means by it to get the whole batch's (see :mod:`llmrl.train.grpo_trainer`)."""
+    distill_reverse_kl: torch.Tensor | None = None
+    """With on-policy distillation: the mean over the trained tokens of ``log p_sampler -
+    log p_teacher`` (:func:`~llmrl.objectives.distillation.reverse_kl`)."""
     sampler_gap: torch.Tensor | None = None
     """``[N, 4]``: how far the trainer's log-probs (the ratio's anchor when
     ``old_log_probs_key`` is set, else the current ones) are from the sampler's on each row's
@@ -202,13 +205,16 @@ def _resolved_mismatch(
 
 def _advantage_column(advantage: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
     """The advantage ``[N]`` (or ``[N, 1]``), checked against ``log_probs [N, L]``, as a detached
-    ``[N, 1]`` column of the log-probs' dtype."""
+    ``[N, 1]`` column of the log-probs' dtype; a per-token ``[N, L]`` advantage (on-policy
+    distillation, :mod:`llmrl.objectives.distillation`) is kept as it is, detached."""
+    if log_probs.dim() == 2 and advantage.shape == log_probs.shape and log_probs.shape[1] != 1:
+        return advantage.detach().to(log_probs.dtype)
     if advantage.dim() == 2 and advantage.shape[1] == 1:
         advantage = advantage.squeeze(1)
     if log_probs.dim() != 2 or advantage.shape != log_probs.shape[:1]:
         raise ValueError(
-            f"expected log_probs [N, L] and advantage [N], got {list(log_probs.shape)} and "
-            f"{list(advantage.shape)}"
+            f"expected log_probs [N, L] and advantage [N] (or per token [N, L]), got "
+            f"{list(log_probs.shape)} and {list(advantage.shape)}"
         )
     return advantage.detach().unsqueeze(1).to(log_probs.dtype)
 
@@ -298,7 +304,7 @@ def grpo_objective(
     Args:
         log_probs: current log-probs, with gradients.
         old_log_probs: the ratio's anchor: log-probs of the policy that sampled.
-        advantage: ``[N]`` (or ``[N, 1]``), one per sequence.
+        advantage: ``[N]`` (or ``[N, 1]``), one per sequence; or ``[N, L]``, one per token.
         mask: ``[N, L]`` bool, the tokens the loss trains on. Values elsewhere are ignored (they
             may hold anything) and get exactly zero gradient.
         inference_log_probs: the sampler's own log-probs, for ``kl_to_inference`` and truncated

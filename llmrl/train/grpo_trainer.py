@@ -83,6 +83,7 @@ LOSS_METRICS = (
     "entropy",
     "kl_to_ref",
     "mismatch_fraction",
+    "distill_reverse_kl",
 )
 """Loss terms and diagnostics reported per step (normalizer-weighted means over the ranks)."""
 ANCHOR_KEY = "anchor_log_probs"
