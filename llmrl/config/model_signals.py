@@ -64,6 +64,12 @@ class ModelCallSettings(ConfigModel):
         "answer held no verdict (weighted like a score, left out of the normalisation); "
         "counted in <role>/failures",
     )
+    max_rows_per_request: int = Field(
+        64,
+        ge=1,
+        le=MAX_BATCH,
+        description="rows an env worker sends in one request (a larger batch is split)",
+    )
 
 
 class RewardModelSettings(ModelCallSettings):
@@ -125,9 +131,6 @@ class JudgeSettings(ModelCallSettings):
     )
     max_new_tokens: int = Field(
         32, ge=1, le=MAX_TOKENS, description="parse: tokens of the judge's answer"
-    )
-    max_rows_per_request: int = Field(
-        64, ge=1, le=MAX_BATCH, description="rows sent to the judge in one request"
     )
 
     @field_validator("template")

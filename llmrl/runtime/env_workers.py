@@ -50,14 +50,18 @@ class TaskEnvFactory:
             seed=self.seed + worker_index,
             group_ids=(worker_index, self.num_workers),  # unique across workers
             reward_weight=rewards.task_weight,
-            reward_transforms=model_rewards(rewards, self.scorers or {}),
+            reward_transforms=model_rewards(rewards, self.scorers or {}, self.tools),
             **tool_env_options(self.task, self.tools),
         )
 
 
-def model_rewards(rewards: RewardSettings, scorers: dict[str, Any]) -> list[Any]:
+def model_rewards(
+    rewards: RewardSettings, scorers: dict[str, Any], tools: ToolSettings | None = None
+) -> list[Any]:
     """A :class:`~llmrl.envs.transforms.ModelReward` per model reward ``rewards`` uses, over
-    its scorer in ``scorers`` (by role name)."""
+    its scorer in ``scorers`` (by role name); with ``tools``, only an episode's final reply is
+    scored."""
+    max_turns = tools.max_turns if tools is not None and tools.enabled else None
     transforms = []
     for name, settings in rewards.models().items():
         from llmrl.envs.transforms import ModelReward
@@ -66,12 +70,13 @@ def model_rewards(rewards: RewardSettings, scorers: dict[str, Any]) -> list[Any]
             raise ValueError(f"rewards.{name} is set but no {name} scorer was started")
         transforms.append(
             ModelReward(
-                name=name,
-                scorer=scorers[name],
+                name,
+                scorers[name],
                 weight=settings.weight,
                 normalize=getattr(settings, "normalize", False),
                 fallback_reward=settings.fallback_reward,
-                max_rows_per_request=getattr(settings, "max_rows_per_request", None),
+                max_rows_per_request=settings.max_rows_per_request,
+                max_turns=max_turns,
             )
         )
     return transforms

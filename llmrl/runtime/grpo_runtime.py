@@ -10,6 +10,8 @@ Built from a :class:`~llmrl.config.grpo.GRPOConfig` and its :class:`~llmrl.topol
   dead engines and workers are rebuilt mid-step;
 - **trainer ranks**: a :class:`~llmrl.runtime.trainer_group.TrainerGroup` (DDP / FSDP2);
 - **reference**: in each rank, or a dedicated actor scoring in the driver;
+- **model roles** (:mod:`llmrl.runtime.model_roles`): a judge and a reward model the env
+  workers call for their rewards, a teacher scoring the trained rows in the driver;
 - **rollouts** (:class:`~llmrl.collectors.AsyncRollouts`): sampling runs in a background
   thread, at most ``max_staleness`` versions ahead (0 in ``sync`` mode).
 
@@ -98,6 +100,10 @@ def describe(topology: Topology) -> str:
         f"worker(s), {trainer.world_size} trainer rank(s) ({trainer.strategy}, "
         f"{trainer.gpus} GPU(s)), reference {topology.reference.placement}, "
         f"{'colocated' if topology.colocated else 'disaggregated'}"
+        + "".join(
+            f", {name} ({spec.url or f'{spec.engines} {spec.backend} engine(s)'})"
+            for name, spec in topology.model_roles().items()
+        )
     )
 
 
@@ -148,6 +154,7 @@ class GRPORuntime:
         self.placement = place_on_ray(self.topology, timeout_s=timeout_s)
         self._parts.append(self.placement.remove)
         engines = self._start_engines(runtime_env)
+        self._start_model_roles(runtime_env)
         self._start_collector(engines, runtime_env)
         self._start_trainers(engines, resume_from, runtime_env)
         self._start_reference(runtime_env)
@@ -178,6 +185,19 @@ class GRPORuntime:
         """The ``VLLMEngine`` actors behind the inference actors (empty for transformers)."""
         return engines
 
+    def _start_model_roles(self, runtime_env: dict[str, Any] | None) -> None:
+        """The teacher, judge and reward model the topology sets, on their bundles (or by
+        their URL)."""
+        from llmrl.runtime.model_roles import start_model_roles
+
+        self.model_roles = start_model_roles(
+            config=self.config,
+            topology=self.topology,
+            placement=self.placement,
+            runtime_env=runtime_env,
+        )
+        self._parts.append(self.model_roles.shutdown)
+
     def _start_collector(self, engines: EngineSet, runtime_env: dict[str, Any] | None) -> None:
         """The env workers (each over its shard of the prompts) and the inference actors in
         front of the engines, sized and placed by the placement's role specs."""
@@ -191,6 +211,8 @@ class GRPORuntime:
             num_samples=config.num_samples,
             seed=config.seed,
             tools=config.tools,
+            rewards=config.rewards,
+            scorers={n: c for n, c in self.model_roles.clients.items() if n != "teacher"},
         )
         actors = ActorLayout(
             inference=tuple(inference_actor_options(self.placement)),
@@ -312,8 +334,9 @@ class GRPORuntime:
         return next(self._iterator)
 
     def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
-        """The dedicated reference scores the rows (when there is one), then every trainer rank
-        learns from its groups; rank 0's metrics."""
+        """The teacher (distillation) and the dedicated reference score the rows (when there
+        are), then every trainer rank learns from its groups; rank 0's metrics."""
+        trained = self.model_roles.score_with_teacher(trained)
         if self.reference is not None:
             import ray
 
@@ -328,8 +351,9 @@ class GRPORuntime:
         return self.rollouts.update_policy_weights_()
 
     def collector_metrics(self) -> dict[str, float]:
-        """``collector/*``: turns, batches, actor restarts."""
-        return self.rollouts.metrics()
+        """``collector/*`` (turns, batches, actor restarts) and the model roles' servers'
+        counters (``<role>/*``)."""
+        return {**self.rollouts.metrics(), **self.model_roles.metrics()}
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Checkpoint ``step`` (rank 0 writes weights and optimizer; ``extra`` gains the
@@ -353,6 +377,10 @@ class GRPORuntime:
             "runtime.colocated": topology.colocated,
             "runtime.reference": topology.reference.placement if self.config.reference else "off",
             "runtime.max_staleness": self.rollouts.max_staleness,
+            **{
+                f"runtime.{name}": spec.url or f"{spec.engines} {spec.backend} engine(s)"
+                for name, spec in topology.model_roles().items()
+            },
         }
 
     def shutdown(self) -> None:

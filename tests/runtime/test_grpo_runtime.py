@@ -11,22 +11,13 @@ import torch
 from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
-from tests.support.configs import stage_config
+from tests.support.configs import tiny_grpo_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _config(data: Path, model: Path, *overrides: str, **fields) -> GRPOConfig:
-    return stage_config(
-        GRPOConfig,
-        f"data.path={data}",
-        f"model.name={model}",
-        "generation.max_new_tokens=6",
-        "optimizer.lr=1e-4",
-        "runtime.torch_threads=1",
-        *overrides,
-        **{"prompts_per_step": 2, "num_samples": 2, **fields},
-    )
+    return tiny_grpo_config(data, model, *overrides, **fields)
 
 
 @pytest.mark.parametrize(

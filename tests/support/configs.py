@@ -20,3 +20,20 @@ BOMB = "generate:\n  options:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol
     for p, n in zip("abcdefgh", "bcdefghi", strict=True)
 )
 """Billion laughs: nine levels of nine aliases each, 9**9 (387 million) strings once expanded."""
+
+
+def tiny_grpo_config(data: Any, model: Any, *overrides: str, **fields: Any) -> Any:
+    """A GRPO config for the runtime tests: the tiny model on ``data``, 2 prompts x 2 samples
+    of 6 tokens, one torch thread per actor, lr 1e-4; ``overrides`` and ``fields`` on top."""
+    from llmrl.config.grpo import GRPOConfig
+
+    return stage_config(
+        GRPOConfig,
+        f"data.path={data}",
+        f"model.name={model}",
+        "generation.max_new_tokens=6",
+        "optimizer.lr=1e-4",
+        "runtime.torch_threads=1",
+        *overrides,
+        **{"prompts_per_step": 2, "num_samples": 2, **fields},
+    )
