@@ -46,6 +46,20 @@ OnStep = Callable[[int, dict[str, float]], bool | None]
 """Called after each step with its number and metrics; a true result stops the loop."""
 
 
+def _refuse_model_roles(config: GRPOConfig) -> None:
+    """A config using a teacher, a judge or a reward model needs their servers, which only the
+    runtime starts: refused here rather than trained without its signal."""
+    used = [f"rewards.{name}" for name in config.rewards.models()]
+    if config.loss.distillation is not None:
+        used.append("loss.distillation")
+    if used:
+        raise ValueError(
+            f"{', '.join(used)}: the model roles run as servers of the GRPO runtime "
+            "(GRPORuntime, `llmrl grpo`); InProcessGRPO runs no model but the policy; use the "
+            "runtime, or remove them"
+        )
+
+
 class InProcessGRPO:
     """Sampler, environment, advantage and trainer of ``config``, in this process.
 
@@ -56,6 +70,7 @@ class InProcessGRPO:
     """
 
     def __init__(self, config: GRPOConfig) -> None:
+        _refuse_model_roles(config)
         self.config = config
         task, _ = prepared_task(config.data.path)
         rows = load_prepared(config.data.path)[0][: config.data.max_train_rows]
@@ -80,6 +95,7 @@ class InProcessGRPO:
             batch_size=config.prompts_per_step,
             repeats=config.num_samples,
             seed=config.seed,
+            reward_weight=config.rewards.task_weight,
         )
         turns = config.prompts_per_step * config.num_samples
         self.collector = LLMCollector(

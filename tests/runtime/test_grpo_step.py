@@ -150,3 +150,34 @@ def test_a_round_trip_over_its_threshold_stops_the_step_before_training():
     with pytest.raises(AuditError, match=r"step 1: 1 of 4 sampled responses \(25.0%\)"):
         grpo_step(parts, 1)
     assert parts.trained == []
+
+
+def test_model_reward_metrics_average_the_scored_rows_and_count_the_failed():
+    from llmrl.runtime.grpo_step import model_reward_metrics
+
+    batch = TensorDict(
+        {
+            "judge_score": torch.tensor([0.2, 0.8, -1.0]),  # the third row got the fallback
+            "judge_failed": torch.tensor([False, False, True]),
+        },
+        batch_size=[3],
+    )
+    # (0.2 + 0.8) / 2 over the rows the judge scored; the reward model wrote nothing
+    assert model_reward_metrics(batch) == pytest.approx(
+        {"judge/score_mean": 0.5, "judge/failures": 1.0}
+    )
+
+
+def test_the_in_process_loop_refuses_model_roles_it_cannot_start():
+    from llmrl.config.grpo import GRPOConfig
+    from llmrl.runtime.grpo_loop import InProcessGRPO
+    from tests.support.configs import stage_config
+
+    config = stage_config(
+        GRPOConfig,
+        "data.path=unused",
+        rewards={"judge": {}},
+        loss={"distillation": {"coeff": 1.0}},
+    )
+    with pytest.raises(ValueError, match=r"rewards\.judge, loss\.distillation: the model roles"):
+        InProcessGRPO(config)
