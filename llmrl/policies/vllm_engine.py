@@ -43,8 +43,9 @@ Sample = tuple[list[int], list[float] | None, bool]
 """One sampled response as plain data: token ids, their log-probs, whether it ended itself."""
 
 CPU_KV_CACHE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
-"""vLLM's CPU build sizes its KV cache from this variable (GiB); unset, it takes most of the
-machine (20 of 24 GiB here), and the first weight update is OOM-killed."""
+"""vLLM's CPU build sizes its KV cache from this variable (whole GiB: ``int()`` of it), else
+from ``kv_cache_memory_bytes``; with neither it takes most of the machine (20 of 24 GiB here),
+and the first weight update is OOM-killed."""
 
 
 class VLLMEngine:
@@ -62,8 +63,9 @@ class VLLMEngine:
         max_model_len: longest prompt + response; None takes the model's own limit.
         enforce_eager: run without torch.compile and CUDA graphs; None: eager on vLLM's CPU
             build (starts in about 40 s instead of 80 s on 2 cores), compiled on GPUs.
-        cpu_kv_cache_gb: KV cache of an engine on vLLM's CPU build, in GiB (sets
-            ``VLLM_CPU_KVCACHE_SPACE`` unless it is set already); ignored on GPUs.
+        cpu_kv_cache_gb: KV cache of an engine on vLLM's CPU build, in GiB, fractions too
+            (vLLM's ``kv_cache_memory_bytes``; ``VLLM_CPU_KVCACHE_SPACE``, when set, wins);
+            ignored on GPUs.
         **engine_kwargs: any other ``vllm.LLM`` argument (they override the ones above).
 
     Raises:
@@ -92,8 +94,6 @@ class VLLMEngine:
         vllm = import_vllm()
         vllm_file_transfer.register()
         self.on_cpu = vllm_on_cpu()
-        if self.on_cpu:
-            os.environ.setdefault(CPU_KV_CACHE_VARIABLE, f"{cpu_kv_cache_gb:g}")
         if enforce_eager is None:
             enforce_eager = self.on_cpu
         options: dict[str, Any] = {
@@ -109,6 +109,10 @@ class VLLMEngine:
             # weight updates through vLLM's weight-transfer API (llmrl/policies/vllm_file_transfer)
             "weight_transfer_config": {"backend": vllm_file_transfer.BACKEND},
         }
+        if self.on_cpu and not os.environ.get(CPU_KV_CACHE_VARIABLE):
+            # bytes, not the variable: vLLM reads it as whole GiB (int("0.5") fails), and a
+            # variable set by one engine would size every later engine of this process
+            options["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
         if tensor_parallel_size > 1:
             options["distributed_executor_backend"] = "ray"
         options.update(engine_kwargs)

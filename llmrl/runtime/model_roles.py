@@ -19,9 +19,10 @@ Callers hold a :class:`~llmrl.scorers.client.ModelClient` (timeout, bounded retr
   (``teacher_log_probs`` for ``loss.distillation``).
 
 Metrics every step: each placed role's servers' ``<role>/requests``, ``<role>/rows``,
-``<role>/batches``, ``<role>/failures`` (since the start) and ``<role>/latency_s`` (mean
-seconds per request over the step); the env workers' per-row ``<role>/score_mean`` and
-``<role>/failures`` come with the batch (:func:`~llmrl.runtime.grpo_step.model_reward_metrics`).
+``<role>/batches``, ``<role>/call_failures`` (calls that raised; all since the start) and
+``<role>/latency_s`` (mean seconds per request over the step); the env workers' per-row
+``<role>/score_mean`` and ``<role>/failures`` (rows that got the fallback, a None verdict
+included) come with the batch (:func:`~llmrl.runtime.grpo_step.model_reward_metrics`).
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ class ModelRoles:
             requests = totals.get("requests", 0.0) - before.get("requests", 0.0)
             seconds = totals.get("latency_s_total", 0.0) - before.get("latency_s_total", 0.0)
             self._last[name] = totals
-            for key in ("requests", "rows", "batches", "failures"):
+            for key in ("requests", "rows", "batches"):
                 metrics[f"{name}/{key}"] = totals.get(key, 0.0)
+            # not <role>/failures: that is the per-row count, which the step merges in first
+            metrics[f"{name}/call_failures"] = totals.get("failures", 0.0)
             metrics[f"{name}/latency_s"] = seconds / requests if requests else math.nan
         return metrics
 
