@@ -16,7 +16,12 @@ from torch import nn
 
 from llmrl.data import LogProbs, unpad_sequences
 from llmrl.objectives.consistency import logprob_gap_rows
-from llmrl.objectives.distillation import TEACHER_LOG_PROBS, distillation_advantage, reverse_kl
+from llmrl.objectives.distillation import (
+    TeacherSignal,
+    aligned_teacher_log_probs,
+    require_teacher_log_probs,
+    teacher_signal,
+)
 from llmrl.objectives.grpo_objective import (
     GRPOLossOutput,
     check_coeffs,
@@ -197,8 +202,8 @@ class GRPOLoss(nn.Module):
         keys = self.actor.keys
         for key in (keys["tokens"], keys["log_probs"], self.advantage_key):
             get_input(td, key)
-        if self.distillation is not None:
-            get_input(td, TEACHER_LOG_PROBS)
+        if self.distillation is not None:  # before the forward, which costs
+            require_teacher_log_probs(td)
         if self.kl_to_ref_coeff > 0:
             get_input(td, self.ref_log_probs_key)
         if self.old_log_probs_key is not None:
@@ -235,13 +240,10 @@ class GRPOLoss(nn.Module):
         if self.entropy_coeff > 0:  # laid out like the log-probs (the actor pads its output)
             entropy = scored.get("entropy").full.to(current.device)
         advantage = td.get(self.advantage_key).to(current.device)
-        teacher = None
+        distilled = None
         if self.distillation is not None:
-            teacher = self._teacher_log_probs(td, in_masks, masks, mask)
-            settings = self.distillation
-            advantage = distillation_advantage(
-                advantage, teacher, sampling, mask, settings.coeff, settings.task_weight
-            )
+            distilled = self._teacher_signal(td, in_masks, masks, mask, sampling, advantage)
+            advantage = distilled.advantage  # [N, L]
         out = grpo_objective(
             current,
             anchor,
@@ -264,8 +266,10 @@ class GRPOLoss(nn.Module):
         # given, else these log-probs), where the sampler gave its own
         trainer = anchor if self.old_log_probs_key is not None else current
         out.sampler_gap = logprob_gap_rows(trainer, sampling, mask & known)
-        if teacher is not None:
-            out.distill_reverse_kl = reverse_kl(teacher, sampling, mask)
+        if distilled is not None:
+            out.distill_reverse_kl = distilled.reverse_kl
+            out.distill_teacher_logprob_mean = distilled.teacher_logprob_mean
+            out.distill_teacher_share = distilled.teacher_share
         return out
 
     def policy_gradient(
@@ -324,22 +328,27 @@ class GRPOLoss(nn.Module):
             return None
         return ref
 
-    def _teacher_log_probs(
-        self, td: TensorDictBase, in_masks: Masks | None, masks: Masks, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """The teacher's log-probs over the layout; every trained position must have one."""
-        teacher, known = align_to_layout(
-            td.get(TEACHER_LOG_PROBS), in_masks, masks, TEACHER_LOG_PROBS
+    def _teacher_signal(
+        self,
+        td: TensorDictBase,
+        in_masks: Masks | None,
+        masks: Masks,
+        mask: torch.Tensor,
+        sampling: torch.Tensor,
+        advantage: torch.Tensor,
+    ) -> TeacherSignal:
+        """Each trained token's distillation advantage (:mod:`llmrl.objectives.distillation`)
+        from the batch's ``teacher_log_probs`` and the sampler's log-probs over the layout."""
+        assert self.distillation is not None
+        teacher = aligned_teacher_log_probs(td, in_masks, masks, mask, self.actor.keys["log_probs"])
+        return teacher_signal(
+            advantage,
+            teacher,
+            sampling,
+            mask,
+            coeff=self.distillation.coeff,
+            task_weight=self.distillation.task_weight,
         )
-        missing = mask & ~known
-        if missing.any():
-            row = int(missing.any(1).nonzero()[0])
-            raise ValueError(
-                f"row {row}: {TEACHER_LOG_PROBS!r} has no values for some trained positions; "
-                "the teacher must score every token the loss trains on (its prompt or full "
-                f"log-probs under masking_strategy={self.masking_strategy!r})"
-            )
-        return teacher.to(mask.device)
 
     def extra_repr(self) -> str:
         return (
@@ -347,5 +356,5 @@ class GRPOLoss(nn.Module):
             f"masking_strategy={self.masking_strategy!r}, kl_to_ref_coeff={self.kl_to_ref_coeff}, "
             f"kl_to_inference_coeff={self.kl_to_inference_coeff}, "
             f"entropy_coeff={self.entropy_coeff}, tis_cap={self.tis_cap}, "
-            f"mismatch={self.mismatch}"
+            f"mismatch={self.mismatch}, distillation={self.distillation}"
         )

@@ -76,6 +76,11 @@ class GRPOLossOutput(TensorClass["nocast"]):
     distill_reverse_kl: torch.Tensor | None = None
     """With on-policy distillation: the mean over the trained tokens of ``log p_sampler -
     log p_teacher`` (:func:`~llmrl.objectives.distillation.reverse_kl`)."""
+    distill_teacher_logprob_mean: torch.Tensor | None = None
+    """With on-policy distillation: the mean over the trained tokens of ``log p_teacher``."""
+    distill_teacher_share: torch.Tensor | None = None
+    """With on-policy distillation: the teacher's share of the advantage's size
+    (:class:`~llmrl.objectives.distillation.TeacherSignal`; 1 with ``task_weight`` 0)."""
     sampler_gap: torch.Tensor | None = None
     """``[N, 4]``: how far the trainer's log-probs (the ratio's anchor when
     ``old_log_probs_key`` is set, else the current ones) are from the sampler's on each row's

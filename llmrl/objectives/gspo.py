@@ -21,6 +21,19 @@ each of its ``|T_i|`` tokens ``s_i / |T_i|``, and the sequence's loss counts ``|
 a token sum. The paper averages over sequences: ``aggregation="prompt_mean"``. Its clip range is
 much narrower than GRPO's (a sequence ratio moves less than a token's; the paper uses
 ``(3e-4, 4e-4)``).
+
+Per-token advantages ``A_it`` (on-policy distillation, :mod:`llmrl.objectives.distillation`)
+go into the same per-token surrogate: ``loss_t = -min(s_it A_it, clip(s_it) A_it)``. This is
+the paper's reason for the token form (its GSPO-token "allows token-wise advantage
+customization"), and it is sound: the importance weight stays the sequence's ``s_i`` (the
+sequence is what the sampler drew, and ``s_i`` is the length-normalised likelihood ratio of
+it), while each token's gradient is weighted by its own advantage,
+``d loss_t / d log pi_t = -A_it * s_i``, which at ``s_i = 1`` is REINFORCE on the per-token
+advantage, as GRPO and CISPO give. The clip decision is per token: ``s_i`` is shared, but
+which side of the clip cuts depends on the sign of ``A_it``, so a token the teacher favours
+(``A_it > 0``) stops at ``s_i > 1 + eps_high`` and one it disfavours at ``s_i < 1 - eps_low``.
+With ``A_it`` constant over the sequence this is the sequence form above; with varying
+``A_it`` there is no sequence form, the token form is the definition.
 """
 
 from __future__ import annotations

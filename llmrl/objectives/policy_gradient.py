@@ -41,7 +41,8 @@ PolicyGradient = Callable[
 """The signature of a policy-gradient term (and of ``GRPOLoss.policy_gradient``):
 ``(log_probs, old_log_probs, advantage, mask, clip) -> PolicyGradientTerm`` with
 ``log_probs`` ``[N, L]`` (current, with gradients), ``old_log_probs`` ``[N, L]`` (the ratio's
-anchor, detached), ``advantage`` ``[N, 1]`` (detached), ``mask`` ``[N, L]`` bool (the trained
+anchor, detached), ``advantage`` ``[N, 1]`` or, per token, ``[N, L]`` (on-policy distillation,
+:mod:`llmrl.objectives.distillation`; detached), ``mask`` ``[N, L]`` bool (the trained
 tokens) and ``clip`` ``(eps_low, eps_high)``."""
 
 

@@ -84,6 +84,8 @@ LOSS_METRICS = (
     "kl_to_ref",
     "mismatch_fraction",
     "distill_reverse_kl",
+    "distill_teacher_logprob_mean",
+    "distill_teacher_share",
 )
 """Loss terms and diagnostics reported per step (normalizer-weighted means over the ranks)."""
 ANCHOR_KEY = "anchor_log_probs"
