@@ -88,6 +88,24 @@ def tiny(tokenizer):
 
 
 @pytest.fixture(scope="session")
+def eos_model(tokenizer):
+    """Tiny random Llama whose output layer favours EOS (~6% a step): ragged responses,
+    most of them ending with EOS (which is also the pad token)."""
+    import torch
+
+    from llmrl.models import tiny_model
+
+    model = tiny_model(tokenizer, seed=1)
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tokenizer.eos_token_id] = 8.0
+    model.lm_head = head
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Prefect's test harness (a temporary API and database), PREFECT_HOME in a temp folder."""
     from prefect.settings import (
