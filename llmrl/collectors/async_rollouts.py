@@ -11,6 +11,14 @@ thread waits for every update); ``1`` overlaps one batch of sampling with each t
 Weights are pushed between two batches, never in the middle of one (a lock guards both), so a
 batch is drawn with one version, which every row records in ``policy_version``.
 
+**Partial rollouts** (:mod:`llmrl.collectors.partial_rollouts`) carry replies in flight from
+one batch into the next, across pushes: a row's ``policy_version`` is then its *oldest* token's,
+and the bound above no longer holds by construction. Each batch is therefore checked when the
+trainer takes it: a group holding a row more than ``max_staleness`` versions behind the
+trainer's weights is refused whole (its G rows; ``collector/stale_groups_refused``,
+``collector/stale_rows_refused``), so the step trains on the other groups. Without partial
+rollouts the check never refuses anything.
+
 **Extra batches.** A step may take more than one batch (dynamic sampling's resample rounds,
 :class:`~llmrl.collectors.DynamicSampler`): :meth:`AsyncRollouts.allow_extra_batch` lets the
 thread draw one more batch at the current version before the next update. With ``e`` extra
@@ -28,6 +36,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 
 logger = logging.getLogger(__name__)
@@ -62,6 +71,7 @@ class AsyncRollouts:
         self._thread: threading.Thread | None = None
         self._start_version = 0
         self._extra_batches = 0  # batches beyond one per version (see allow_extra_batch)
+        self.stats = {"stale_groups_refused": 0, "stale_rows_refused": 0}
 
     @property
     def policy_version(self) -> int:
@@ -103,7 +113,33 @@ class AsyncRollouts:
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            yield self._refuse_stale(item)
+
+    def _refuse_stale(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch`` without the groups that hold a row beyond the staleness bound of the
+        weights that train on it (the engines' version now: the trainer's)."""
+        keys = batch.keys()
+        if "policy_version" not in keys or "group_id" not in keys:
+            return batch
+        floor = self.policy_version - self.max_staleness
+        versions = batch.get("policy_version").reshape(-1)
+        groups = batch.get("group_id").reshape(-1)
+        stale = groups[versions < floor].unique()
+        if not stale.numel():
+            return batch
+        refused = torch.isin(groups, stale)
+        self.stats["stale_groups_refused"] += int(stale.numel())
+        self.stats["stale_rows_refused"] += int(refused.sum())
+        logger.warning(
+            "refused %d group(s) (%d rows) with a row older than version %d (trainer at %d, "
+            "max_staleness %d)",
+            stale.numel(),
+            int(refused.sum()),
+            floor,
+            self.policy_version,
+            self.max_staleness,
+        )
+        return batch[(~refused).nonzero().squeeze(-1)]
 
     def update_policy_weights_(self, weights: Any = None) -> Any:
         """Push weights through the collector (between batches) and let the thread go on."""
@@ -121,8 +157,9 @@ class AsyncRollouts:
             self._versions.notify_all()
 
     def metrics(self) -> dict[str, float]:
-        """The collector's counters as tracker metrics (``collector/<name>``)."""
-        return self.collector.metrics()
+        """The collector's counters and the refusals' as tracker metrics (``collector/<name>``)."""
+        refused = {f"collector/{name}": float(value) for name, value in self.stats.items()}
+        return {**self.collector.metrics(), **refused}
 
     def state_dict(self) -> dict[str, Any]:
         """The collector's state, read between batches (never while one is being collected)."""

@@ -234,6 +234,9 @@ class EnvWorker:
     """Owns one env and steps it with a remote inference actor (run as a Ray actor).
 
     Trajectory ids are ``worker_index + k * num_workers``: unique across workers.
+    ``runner_factory`` builds the stepping loop (default :class:`TrajectoryRunner`; partial
+    rollouts: :func:`~llmrl.collectors.partial_rollouts.partial_runner_factory`), whose
+    ``stats``, if it keeps any, come back with each batch (``info["runner"]``).
     """
 
     def __init__(
@@ -245,6 +248,7 @@ class EnvWorker:
         inference_actor: Any,
         yield_completed_trajectories: bool = True,
         rollout_sender: RolloutSender | None = None,
+        runner_factory: Callable[..., TrajectoryRunner] | None = None,
     ) -> None:
         self.env = env_factory(worker_index)
         self.worker_index = worker_index
@@ -255,7 +259,7 @@ class EnvWorker:
         self._version = find_version_transform(self.env)
         if self._version is not None:  # the env stamps the version of the last reply
             self._version.follow(lambda: self._reply_version)
-        self.runner = TrajectoryRunner(
+        self.runner = (runner_factory or TrajectoryRunner)(
             self.env,
             self._generate,
             traj_id_start=worker_index,
@@ -301,6 +305,7 @@ class EnvWorker:
             exhausted=self._exhausted(),
             state=self.state_dict(),
             round=round_id,
+            runner=dict(getattr(self.runner, "stats", {})),
         )
         batch = RolloutBatch(units, source=self.worker_index, info=info)
         if self.rollout_sender is None:

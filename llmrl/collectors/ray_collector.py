@@ -106,6 +106,9 @@ class RayLLMCollector(CollectorBase):
         runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
         max_actor_restarts: rebuilds allowed per actor after its process died (see the module
             docstring); 0 fails at the first death.
+        runner_factory: what each env worker steps its env with (default its
+            :class:`~llmrl.collectors.llm_collector.TrajectoryRunner`); the runners' ``stats``
+            are summed into this collector's (partial rollouts: ``resumed_rows``...).
 
     Ray is started (``ray.init()``) if it is not running. Call :meth:`shutdown` at the end.
     """
@@ -123,6 +126,7 @@ class RayLLMCollector(CollectorBase):
         yield_completed_trajectories: bool = True,
         runtime_env: dict[str, Any] | None = None,
         max_actor_restarts: int = 3,
+        runner_factory: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__(
             dialog_turns_per_batch=dialog_turns_per_batch,
@@ -141,6 +145,8 @@ class RayLLMCollector(CollectorBase):
         # env workers -> driver: trajectories travel through the rollout transport
         self._rollout_sender, self._rollout_receiver = ray_rollouts(actor_options=extra)
         self._round = 0
+        self._runner_factory = runner_factory
+        self._runner_stats: dict[int, dict[str, int]] = {}  # env worker -> its runner's stats
         self._define_actors(layout, extra, env_factory, policy_factory)
         self._start_actors(len(layout.inference), len(layout.env_workers))
         if weight_updater is None:
@@ -181,6 +187,7 @@ class RayLLMCollector(CollectorBase):
             inference_actor=inference_actor,
             yield_completed_trajectories=by_trajectory,
             rollout_sender=self._rollout_sender,
+            runner_factory=self._runner_factory,
         )
 
     def _start_actors(self, inference_actors: int, env_workers: int) -> None:
@@ -225,6 +232,7 @@ class RayLLMCollector(CollectorBase):
             self._record(batch.trajectories, info["turns"], info["trajectories"])
             self._worker_done[index] = bool(info["exhausted"])
             self._worker_states[index] = info["state"]
+            self._runner_stats[index] = info.get("runner", {})
             if "inference_error" in info:
                 faults.append(RuntimeError(info["inference_error"]))
             logger.debug(
@@ -296,6 +304,15 @@ class RayLLMCollector(CollectorBase):
                 raise
             self._replace_dead_actors(error)
             return super().update_policy_weights_(weights)
+
+    def metrics(self) -> dict[str, float]:
+        """``collector/*``: the collector's counters and its env workers' runners' (summed)."""
+        metrics = super().metrics()
+        for stats in self._runner_stats.values():
+            for name, value in stats.items():
+                key = f"collector/{name}"
+                metrics[key] = metrics.get(key, 0.0) + float(value)
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, policy version and every worker's state (next ids, dataset position)."""

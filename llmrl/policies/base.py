@@ -44,6 +44,16 @@ from llmrl.policies.io_spec import (
 )
 from llmrl.policies.policy_inputs import read_inputs
 from llmrl.policies.policy_outputs import write_outputs
+from llmrl.policies.segments import (
+    EMPTY,
+    PARTIAL_KEY,
+    RESUME_KEYS,
+    align_prefixes,
+    continuation_prompts,
+    join_segments,
+    read_prefixes,
+    segment_config,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -78,6 +88,9 @@ class LLMWrapperBase(ABC):
         min_batch_size, max_batch_size, batching_timeout: when a batch size is given, calls from
             many threads are served together in batches of that many rows (a call of a batch
             ``[B]`` counts B; see :class:`RequestBatcher`).
+        segment_tokens: decode at most this many new tokens per row and call; a row whose
+            reply goes on comes back ``partial`` and is resumed from its prefix by the next
+            call that attaches it (:mod:`llmrl.policies.segments`). None: whole replies.
     """
 
     def __init__(
@@ -103,8 +116,11 @@ class LLMWrapperBase(ABC):
         min_batch_size: int | None = None,
         max_batch_size: int | None = None,
         batching_timeout: float = 0.05,
+        segment_tokens: int | None = None,
     ) -> None:
         check_input_mode(input_mode)
+        if segment_tokens is not None and segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be >= 1 or None, got {segment_tokens}")
         # Kept as given, so get_new_version can rebuild the settings with some changed.
         self._settings = {
             name: value for name, value in locals().items() if name not in ("self", "tokenizer")
@@ -118,6 +134,7 @@ class LLMWrapperBase(ABC):
         self.score_responses_only = score_responses_only
         self.pad_output = pad_output
         self.chat_template = chat_template
+        self.segment_tokens = segment_tokens
         self.keys = {
             "history": history_key,
             "text": text_key,
@@ -210,8 +227,10 @@ class LLMWrapperBase(ABC):
         spec = self.io_spec
         inputs = read_inputs(spec, batch)
         if spec.generate:
-            samples = self._generate(inputs.prompt_tokens, self.generate_kwargs)
+            samples, partial = self._sample_replies(inputs.prompt_tokens, read_prefixes(batch))
             out = write_outputs(spec, batch, inputs, samples=samples)
+            if partial is not None:
+                out = out.exclude(*RESUME_KEYS).set(PARTIAL_KEY, torch.tensor(partial))
         else:
             responses_only = (
                 self.score_responses_only
@@ -226,6 +245,19 @@ class LLMWrapperBase(ABC):
             )
             out = write_outputs(spec, batch, inputs, scores=scores)
         return out[0] if single else out
+
+    def _sample_replies(
+        self, prompts: list[torch.Tensor], prefixes: list | None
+    ) -> tuple[list[GeneratedSample], list[bool] | None]:
+        """Whole replies; or, segmented (``segment_tokens`` set, or prefixes attached), the next
+        segment of each row's reply joined to its prefix, and which rows go on."""
+        config = self.generate_kwargs
+        if self.segment_tokens is None and prefixes is None:
+            return self._generate(prompts, config), None
+        prefixes = prefixes or [EMPTY] * len(prompts)
+        segment = segment_config(config, prefixes, self.segment_tokens or config.max_new_tokens)
+        samples = self._generate(continuation_prompts(prompts, prefixes), segment)
+        return join_segments(prefixes, samples, config.max_new_tokens)
 
     def get_new_version(self, **changes: Any) -> LLMWrapperBase:
         """The same model under other settings, without reloading weights.
@@ -256,6 +288,7 @@ class LLMWrapperBase(ABC):
         of their ids, not of their arrival: a seeded engine then gives each prompt the same
         draws whichever env worker's request came first."""
         order = _served_order(requests)
+        requests = align_prefixes(requests)
         served = [requests[i] for i in order]
         sizes = [1 if r.batch_dims == 0 else r.batch_size[0] for r in served]
         rows = [r.unsqueeze(0) if r.batch_dims == 0 else r for r in served]

@@ -44,6 +44,8 @@ class TransformersEngine:
         compile_decode: sample with the compiled static-KV decode
             (:mod:`llmrl.policies.static_decode`); None: on for a CUDA engine, off on a CPU.
         load_options: ``trust_remote_code`` / ``allow_pickled_weights`` (``ModelConfig``).
+        segment_tokens: partial rollouts' segment (:mod:`llmrl.policies.segments`); None:
+            whole replies.
     """
 
     model: str
@@ -56,6 +58,7 @@ class TransformersEngine:
     seed: int | None = None
     compile_decode: bool | None = None
     load_options: dict[str, bool] = field(default_factory=dict)
+    segment_tokens: int | None = None
 
     def __call__(self) -> Any:
         from llmrl.models import load_model, load_tokenizer
@@ -72,10 +75,8 @@ class TransformersEngine:
             model,
             load_tokenizer(self.model, trust_remote_code=trust),
             generate_kwargs=self.generate_kwargs,
-            min_batch_size=self.batch_rows,
-            max_batch_size=self.batch_rows,
-            batching_timeout=self.batching_timeout_s,
             compile_decode=self.compile_decode,
+            **batching(self.batch_rows, self.batching_timeout_s, self.segment_tokens),
         )
 
 
@@ -88,6 +89,7 @@ class VLLMFrontend:
     generate_kwargs: dict[str, Any]
     batch_rows: int
     batching_timeout_s: float = 0.5
+    segment_tokens: int | None = None
 
     def __call__(self) -> Any:
         from llmrl.models import load_tokenizer
@@ -97,10 +99,20 @@ class VLLMFrontend:
             self.engine,
             load_tokenizer(self.tokenizer),
             generate_kwargs=self.generate_kwargs,
-            min_batch_size=self.batch_rows,
-            max_batch_size=self.batch_rows,
-            batching_timeout=self.batching_timeout_s,
+            **batching(self.batch_rows, self.batching_timeout_s, self.segment_tokens),
         )
+
+
+def batching(batch_rows: int, timeout_s: float, segment_tokens: int | None) -> dict[str, Any]:
+    """An engine's request batching (and segment): one model call for a step's ``batch_rows``
+    rows. With partial rollouts a call also holds the replies carried over, up to as many
+    again (each env worker keeps at least one reset's rows in flight, and tops up below it)."""
+    return {
+        "min_batch_size": batch_rows,
+        "max_batch_size": batch_rows if segment_tokens is None else 2 * batch_rows,
+        "batching_timeout": timeout_s,
+        "segment_tokens": segment_tokens,
+    }
 
 
 @dataclass(kw_only=True)
@@ -125,11 +137,13 @@ def start_engines(
     seed: int | None = None,
     compile_decode: bool | None = None,
     load_options: dict[str, bool] | None = None,
+    segment_tokens: int | None = None,
 ) -> EngineSet:
     """The engines of ``placement.specs.inference``: factories for the inference actors and,
     with vLLM, the ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine
     ``i`` samples with seed ``seed + i`` (None: unseeded); transformers engines use the
-    compiled decode when ``compile_decode`` (None: the engines on a GPU do)."""
+    compiled decode when ``compile_decode`` (None: the engines on a GPU do); with
+    ``segment_tokens`` they sample replies a segment at a time (partial rollouts)."""
     engines = placement.specs.inference
 
     def engine_seed(index: int) -> int | None:
@@ -148,6 +162,7 @@ def start_engines(
                 seed=engine_seed(index),
                 compile_decode=compile_decode,
                 load_options=dict(load_options or {}),
+                segment_tokens=segment_tokens,
             )
             for index in range(engines.count)
         ]
@@ -171,6 +186,7 @@ def start_engines(
             generate_kwargs=generate_kwargs,
             batch_rows=batch_rows,
             batching_timeout_s=batching_timeout_s,
+            segment_tokens=segment_tokens,
         )
         for server in servers
     ]

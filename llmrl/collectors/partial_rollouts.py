@@ -1,0 +1,223 @@
+"""`PartialRolloutRunner`: replies sampled a segment at a time, so a batch never waits for the
+longest one, and replies in flight go on across weight pushes.
+
+Without it an env worker's batch of prompts x G replies is one policy call: it ends when its
+longest reply ends, and a weight push waits for it. With skewed lengths (most replies short, a
+few at the token budget) the engine then spends most of the call decoding a handful of rows.
+
+Here each policy call decodes at most ``segment_tokens`` tokens per row (a policy built with
+``segment_tokens``, :mod:`llmrl.policies.segments`). Rows whose reply ended go to the env for
+their reward; rows still going stay in the runner's pool with their reply so far, and the next
+call resumes them from that prefix, next to fresh prompts drawn to keep the pool full. A batch
+is cut as soon as enough *whole groups* have finished (a group's G replies are released
+together, so advantages always see complete groups); the long replies carry over into the next
+batch. Between two batches the weights may be pushed: a reply resumed after a push continues
+under the new weights, and its tokens carry two versions.
+
+Versions: every reply gets ``token_versions`` (``[L]``, the version that sampled each token)
+and ``policy_version`` = its *oldest* token's version, so the staleness bound
+(:class:`~llmrl.collectors.AsyncRollouts`, which refuses groups beyond it) counts a sample's
+oldest token. The loss needs nothing more: it already takes each token's own sampling log-prob.
+A reply whose prefix is already more than ``max_staleness`` versions behind the engine is
+restarted from its prompt (its tokens could only be refused later): ``restarted_rows``.
+
+Single-turn episodes only (each reply ends its trajectory); the stage refuses partial rollouts
+with tools. A checkpoint keeps the dataset position, not the replies in flight: after a resume
+the prompts whose groups were in flight are not drawn again (as with any trajectory in
+progress, :class:`~llmrl.collectors.llm_collector.TrajectoryRunner`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDictBase
+
+from llmrl.collectors.llm_collector import StepResult, Trajectory, TrajectoryRunner
+from llmrl.policies.segments import EMPTY, PARTIAL_KEY, Prefix, attach_prefixes
+
+if TYPE_CHECKING:
+    from llmrl.envs.chat_env import ChatEnv
+
+TOKEN_VERSIONS = "token_versions"
+"""Per reply, ``[L]``: the policy version that sampled each of its tokens."""
+
+
+class PartialRolloutRunner(TrajectoryRunner):
+    """A :class:`TrajectoryRunner` over a segmented policy (see the module docstring).
+
+    Args:
+        env, policy, traj_id_start, traj_id_step: as for :class:`TrajectoryRunner`;
+            ``policy`` must be segmented and stamp ``policy_version`` on its replies.
+        group_size: replies per prompt (the env's ``repeats``): a group is released when all
+            of them ended.
+        max_staleness: replies whose oldest token is further behind the engine are restarted.
+        group_key, version_key: where rows carry their group id and their reply's version.
+    """
+
+    def __init__(
+        self,
+        env: ChatEnv,
+        policy: Callable[[TensorDictBase], TensorDictBase],
+        *,
+        group_size: int,
+        max_staleness: int,
+        traj_id_start: int = 0,
+        traj_id_step: int = 1,
+        group_key: str = "group_id",
+        version_key: str = "policy_version",
+    ) -> None:
+        super().__init__(env, policy, traj_id_start, traj_id_step, keep_trajectories=True)
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.group_key, self.version_key = group_key, version_key
+        self.stats = {"resumed_rows": 0, "restarted_rows": 0, "segments": 0}
+        self._replies: dict[int, tuple[Prefix, torch.Tensor]] = {}  # traj id -> prefix, versions
+        self._groups: dict[int, list[Trajectory]] = {}  # group id -> its ended replies
+        self._fresh_rows = 0  # rows an env reset draws (the pool is kept at least that full)
+
+    @property
+    def waiting(self) -> int:
+        """Replies that ended and wait for the rest of their group."""
+        return sum(len(members) for members in self._groups.values())
+
+    def reset(self) -> None:
+        """Drop the replies in flight and the groups waiting (the next step resets the env)."""
+        super().reset()
+        self._replies, self._groups = {}, {}
+
+    def step(self) -> StepResult:
+        """One segment for every row in the pool (topped up with fresh prompts first); the
+        groups whose last reply ended in it, as finished trajectories."""
+        self._top_up()
+        state = self.state
+        if state is None:
+            return StepResult()
+        ids = state.get("traj_id").reshape(-1).tolist()
+        prefixes = [self._replies.get(traj, (EMPTY, None))[0] for traj in ids]
+        self.stats["resumed_rows"] += sum(len(p) > 0 for p in prefixes)
+        self.stats["segments"] += 1
+        out = self.policy(attach_prefixes(state, prefixes))
+        if PARTIAL_KEY not in out.keys():  # noqa: SIM118
+            raise ValueError(
+                "partial rollouts need a segmented policy (built with segment_tokens): its "
+                f"replies say which go on ({PARTIAL_KEY!r}); this one's did not"
+            )
+        going = out.get(PARTIAL_KEY).reshape(-1).tolist()
+        versions = self._token_versions(out, ids)
+        result = StepResult()
+        ended = [row for row, partial in enumerate(going) if not partial]
+        if ended:
+            self._finish(out, ended, ids, versions, result)
+        kept = [row for row, partial in enumerate(going) if partial]
+        self.state = state[torch.tensor(kept)] if kept else None
+        self._remember(out, kept, ids, versions)
+        return result
+
+    def _top_up(self) -> None:
+        """Draw fresh prompts while fewer rows than one env reset's are in flight."""
+        if self.exhausted or (self.state is not None and self.in_flight >= self._fresh_rows):
+            return
+        carried = self.state
+        self.state = None  # super().step() resets the env when no state is in flight
+        fresh = self._reset_env()
+        if fresh is None:
+            self.state = carried
+            return
+        self._fresh_rows = fresh.batch_size[0]
+        self.state = fresh if carried is None else torch.cat([carried, fresh])
+
+    def _reset_env(self) -> TensorDictBase | None:
+        """A fresh batch of prompts with their trajectory ids (None: the dataset ran out)."""
+        try:
+            state = self.env.reset()
+        except (StopIteration, RuntimeError) as error:
+            if not isinstance(error, StopIteration) and not isinstance(
+                error.__cause__, StopIteration
+            ):
+                raise
+            self.exhausted = True
+            return None
+        count = state.batch_size[0]
+        ids = self.next_traj_id + self.traj_id_step * torch.arange(count)
+        self.next_traj_id += self.traj_id_step * count
+        state.set("traj_id", ids)
+        return state
+
+    def _token_versions(self, out: TensorDictBase, ids: list[int]) -> list[torch.Tensor]:
+        """Each row's token versions: its prefix's, then the replying version for the rest."""
+        replied = out.get(self.version_key).reshape(-1).tolist()
+        lengths = [len(r) for r in out.get("tokens").as_list("response")]
+        versions = []
+        for traj, version, length in zip(ids, replied, lengths, strict=True):
+            before = self._replies.get(traj, (EMPTY, torch.zeros(0, dtype=torch.long)))[1]
+            new = torch.full((length - before.numel(),), int(version), dtype=torch.long)
+            versions.append(torch.cat([before, new]))
+        return versions
+
+    def _finish(
+        self,
+        out: TensorDictBase,
+        rows: list[int],
+        ids: list[int],
+        versions: list[torch.Tensor],
+        result: StepResult,
+    ) -> None:
+        """The env scores the ended replies; each joins its group, released once whole."""
+        replies = out[torch.tensor(rows)].exclude(PARTIAL_KEY)
+        replies.set(
+            self.version_key,
+            torch.tensor([int(versions[row].min()) for row in rows], dtype=torch.long),
+        )
+        transition = self.env.step(replies)
+        done = transition.get("done").reshape(-1).tolist()
+        if not all(done):
+            raise ValueError(
+                "partial rollouts run single-turn episodes (each reply ends its trajectory); "
+                "this env went on after a reply (tools on?)"
+            )
+        groups = transition.get(self.group_key).reshape(-1).tolist()
+        for index, row in enumerate(rows):
+            self._replies.pop(ids[row], None)
+            transition_row = transition[index]
+            transition_row.set(TOKEN_VERSIONS, versions[row])
+            result.transitions.append(transition_row)
+            members = self._groups.setdefault(int(groups[index]), [])
+            members.append([transition_row])
+            if len(members) == self.group_size:
+                result.finished.extend(self._groups.pop(int(groups[index])))
+
+    def _remember(
+        self, out: TensorDictBase, rows: list[int], ids: list[int], versions: list[torch.Tensor]
+    ) -> None:
+        """Keep each going reply's prefix and versions for the next segment; a reply whose
+        oldest token is beyond the staleness bound starts again from its prompt."""
+        if not rows:
+            return
+        newest = int(out.get(self.version_key).reshape(-1).max())
+        tokens = out.get("tokens").as_list("response")
+        log_probs = out.get("log_probs").as_list("response")
+        for row in rows:
+            if int(versions[row].min()) < newest - self.max_staleness:
+                self._replies.pop(ids[row], None)
+                self.stats["restarted_rows"] += 1
+                continue
+            prefix = Prefix(tokens[row].clone(), log_probs[row].detach().float().clone())
+            self._replies[ids[row]] = (prefix, versions[row])
+
+
+def partial_runner_factory(
+    group_size: int, max_staleness: int
+) -> Callable[..., PartialRolloutRunner]:
+    """``factory(env, policy, traj_id_start=, traj_id_step=, keep_trajectories=)`` -> a
+    :class:`PartialRolloutRunner`: what an env worker builds its runner with."""
+
+    def build(env: ChatEnv, policy: Any, **kwargs: Any) -> PartialRolloutRunner:
+        kwargs.pop("keep_trajectories", None)
+        return PartialRolloutRunner(
+            env, policy, group_size=group_size, max_staleness=max_staleness, **kwargs
+        )
+
+    return build
