@@ -15,7 +15,8 @@ from llmrl.config.common import (
     ToolSettings,
 )
 from llmrl.config.model_signals import DistillationSettings, RewardSettings
-from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TIMEOUT_S, MAX_TOKENS, ConfigModel
+from llmrl.config.runtime_settings import RuntimeSettings
+from llmrl.core.config_loading import MAX_BATCH, MAX_STEPS, MAX_TOKENS, ConfigModel
 from llmrl.topology.spec import Topology
 
 TOPOLOGY_ENV = "LLMRL_TOPOLOGY"
@@ -232,51 +233,6 @@ class AuditSettings(ConfigModel):
         "log only, since a policy may sample a non-canonical split of a word, which is not an "
         "error when the trainer trains on the sampled tokens (multi-turn prompts re-encode text: "
         "bound it there)",
-    )
-
-
-class RuntimeSettings(ConfigModel):
-    """How the GRPO runtime runs its roles on Ray (see :mod:`llmrl.runtime`)."""
-
-    ray_address: str | None = Field(
-        None,
-        description="Ray cluster to join ('auto' inside a RayJob); None: $RAY_ADDRESS when set, "
-        "else a local Ray started for the stage",
-    )
-    torch_threads: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_BATCH,
-        description="torch CPU threads of each engine and trainer rank (None: torch's default; "
-        "on a CPU machine, the cores: sampling and training take turns in sync mode)",
-    )
-    placement_timeout_s: float = Field(
-        120.0, gt=0, le=MAX_TIMEOUT_S, description="how long to wait for the placement groups"
-    )
-    collective_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        le=MAX_TIMEOUT_S,
-        description="torch.distributed timeout of the trainer ranks' collectives",
-    )
-    batching_timeout_s: float = Field(
-        0.5,
-        gt=0,
-        le=MAX_TIMEOUT_S,
-        description="how long an engine waits for the other env workers' requests of a step",
-    )
-    max_actor_restarts: int = Field(
-        3,
-        ge=0,
-        le=MAX_BATCH,
-        description="rebuilds allowed per inference engine or env worker that died",
-    )
-    compile_decode: bool | None = Field(
-        None,
-        description="transformers engines sample with a static KV cache and a torch.compile'd "
-        "decode step: faster per token once compiled, but the first step with a new batch "
-        "shape compiles (tens of seconds); None: on for engines on a GPU (several times "
-        "faster there), off on a CPU (slower there); see benchmarks/README.md",
     )
 
 
