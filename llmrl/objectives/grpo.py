@@ -33,6 +33,7 @@ from llmrl.objectives.policy_gradient import PolicyGradientTerm, clipped_token_t
 from llmrl.objectives.token_level import (
     align_to_layout,
     check_aggregation,
+    kept_rows,
     prediction_mask,
     response_columns,
 )
@@ -52,10 +53,12 @@ class GRPOLoss(nn.Module):
 
     ``forward(td)`` reads ``tokens`` (ragged or padded, with ``prompt``/``response``/``full``),
     ``masks`` (with ``assistant``), the sampling ``log_probs`` (``log_probs.response``), the
-    per-sequence ``advantage`` and, when used, ``ref_log_probs``; it scores the tokens with a
-    scoring twin of ``actor`` (``generate=False, input_mode="tokens", pad_output=True``, sharing
-    its weights; per-token entropies are requested only when ``entropy_coeff > 0``, so
-    ``entropy`` is reported only then) and returns a :class:`GRPOLossOutput`.
+    per-sequence ``advantage``, when used, ``ref_log_probs``, and when present ``loss_mask``
+    (``[N]`` bool: a False row adds nothing to the loss nor its normalizer); it scores the
+    tokens with a scoring twin of ``actor`` (``generate=False, input_mode="tokens",
+    pad_output=True``, sharing its weights; per-token entropies are requested only when
+    ``entropy_coeff > 0``, so ``entropy`` is reported only then) and returns a
+    :class:`GRPOLossOutput`.
 
     Masking strategies, over the padded ``full = cat(prompt, response)`` layout (each row's first
     token, which has no prediction, is never included):
@@ -244,11 +247,11 @@ class GRPOLoss(nn.Module):
         if self.distillation is not None:
             distilled = self._teacher_signal(td, in_masks, masks, mask, sampling, advantage)
             advantage = distilled.advantage  # [N, L]
-        out = grpo_objective(
+        out = grpo_objective(  # rows reward shaping masked out train nothing (audited still)
             current,
             anchor,
             advantage,
-            mask,
+            kept_rows(td, mask),
             clip_epsilon=self.clip_epsilon,
             aggregation=self.aggregation,
             max_length_norm=self.max_length_norm,

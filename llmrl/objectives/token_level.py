@@ -24,6 +24,10 @@ from llmrl.data import Masks, unpad_sequences
 
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "prompt_mean", "sum_norm", "none")
 
+LOSS_MASK_KEY = "loss_mask"
+"""An optional bool ``[N]`` column: rows where it is False are left out of the loss (reward
+shaping's ``mask`` options, :mod:`llmrl.objectives.reward_shaping`)."""
+
 
 def scatter_rows(rows: Sequence[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """``rows[i]`` placed, in order, at the True positions of ``mask[i]``; zeros elsewhere.
@@ -120,6 +124,15 @@ def prediction_mask(masks: Masks) -> torch.Tensor:
     full = masks.full.bool()
     first = full & (full.long().cumsum(1) == 1)
     return full & ~first
+
+
+def kept_rows(td: Any, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (``[N, L]``) without the rows whose :data:`LOSS_MASK_KEY` is False (``mask``
+    itself when ``td`` has no such column): they add nothing to the loss nor its normalizer."""
+    rows = td.get(LOSS_MASK_KEY, None)
+    if rows is None:
+        return mask
+    return mask & rows.reshape(-1, 1).to(device=mask.device, dtype=torch.bool)
 
 
 def response_columns(masks: Masks) -> torch.Tensor:

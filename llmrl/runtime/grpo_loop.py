@@ -33,6 +33,7 @@ from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
 from llmrl.objectives import build_advantage
+from llmrl.objectives.reward_shaping import RewardShaper
 from llmrl.policies import TransformersWrapper
 from llmrl.runtime.grpo_runtime import VERSION_HISTORY
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
@@ -109,6 +110,7 @@ class InProcessGRPO:
         self.sampler = DynamicSampler(
             self.advantage, config.prompts_per_step, config.advantage.resample_rounds
         )
+        self.shaping = RewardShaper.from_config(config)  # reward_shaping, before the advantage
         # as the runtime's TrainerGroup: optimizer steps per update pass, and the schedule length
         self.minibatches = math.ceil(turns / (config.minibatch_size or turns))
         total_steps = config.steps * config.updates_per_step * self.minibatches

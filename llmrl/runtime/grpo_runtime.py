@@ -50,6 +50,7 @@ from llmrl.core.config_loading import ConfigError
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.objectives import build_advantage
+from llmrl.objectives.reward_shaping import RewardShaper
 from llmrl.runtime.engines import EngineSet, inference_actor_options, start_engines
 from llmrl.runtime.env_workers import TaskEnvFactory, env_worker_options
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
@@ -275,6 +276,7 @@ class GRPORuntime:
         self.sampler = DynamicSampler(
             self.advantage, config.prompts_per_step, config.advantage.resample_rounds
         )
+        self.shaping = RewardShaper.from_config(config)  # reward_shaping, before the advantage
         self.audit = self._step_audit()
         staleness = 0 if config.mode == "sync" else config.max_staleness
         self.rollouts = AsyncRollouts(self.collector, max_staleness=staleness)

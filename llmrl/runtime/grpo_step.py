@@ -7,7 +7,8 @@ benchmark built on either. Each
 composition only builds its :class:`StepParts`; what a step does, and the metrics it reports,
 are here::
 
-    sampled = parts.sampler.sample(parts.collect)   # prompts x G, rewards, advantages (rounds)
+    rounds = ShapedRounds(parts.collect, parts.shaping)  # each round's rewards shaped
+    sampled = parts.sampler.sample(rounds)          # prompts x G, rewards, advantages (rounds)
     audit.token_round_trip(sampled.batch)           # responses decoded and encoded again
     metrics = parts.train(sampled.trained, number)  # ranks: loss, backward, optimizer step
                                                     #   (the log-prob gap checked before it)
@@ -20,8 +21,13 @@ is exceeded, before the optimizer step trains on the batch (round trip, log-prob
 the next step samples from the engine (checksums).
 
 Metrics of a step: the rollout statistics (:func:`rollout_metrics`), dynamic sampling's counts
-(:mod:`llmrl.collectors.dynamic_sampling`), the trainer's (losses, ``grad_norm``, ``lr``,
-per-phase seconds, ``peak_memory_mb``), ``generation_seconds`` (waiting for the batches),
+(:mod:`llmrl.collectors.dynamic_sampling`), reward shaping's ``shaping/*`` when on
+(``shaping/overlong_rows``, ``shaping/truncated_rows``, ``shaping/length_penalized_rows``,
+``shaping/repetition_rows``: final replies each option touched; ``shaping/masked_rows``: rows
+left out of the loss; ``shaping/reward_delta_mean``: mean shaped - env reward, so the env's
+mean is ``reward_mean`` minus it: :mod:`llmrl.objectives.reward_shaping`), the trainer's
+(losses, ``grad_norm``, ``lr``, per-phase seconds, ``peak_memory_mb``), ``generation_seconds``
+(waiting for the batches),
 ``training_seconds``, ``weight_sync_seconds``, ``weight_sync_bytes``, the run's counters
 (``skipped_steps``, ``dropped_zero_std_groups``, ``underfilled_steps``), the model rewards'
 ``<role>/score_mean`` and ``<role>/failures`` (:func:`model_reward_metrics`), ``policy_version``
@@ -42,6 +48,7 @@ from tensordict import TensorDictBase
 
 from llmrl.collectors import DynamicSampler
 from llmrl.core.faults import fault_point
+from llmrl.objectives.reward_shaping import RewardShaper, ShapedRounds
 
 if TYPE_CHECKING:
     from llmrl.train.audit import StepAudit
@@ -61,6 +68,8 @@ class StepParts(Protocol):
     """(trainer version, every sample's ``policy_version``) of each step, appended by it."""
     audit: StepAudit | None
     """The driver's half of the consistency audit; None: off."""
+    shaping: RewardShaper | None
+    """``reward_shaping`` of each round's batch before its advantages; None: off."""
 
     @property
     def policy_version(self) -> int:
@@ -86,10 +95,11 @@ def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, 
     dynamic sampling) and the step's metrics (see the module docstring)."""
     fault_point("generate", number)
     tick = time.perf_counter()
-    sampled = parts.sampler.sample(parts.collect)  # engines decode: most of a CPU step
+    rounds = ShapedRounds(parts.collect, parts.shaping)  # rewards shaped before advantages
+    sampled = parts.sampler.sample(rounds)  # engines decode: most of a CPU step
     batch, trained = sampled.batch, sampled.trained
     seconds = {"generation_seconds": time.perf_counter() - tick}
-    metrics = {**rollout_metrics(batch), **sampled.metrics}
+    metrics = {**rollout_metrics(batch), **sampled.metrics, **rounds.metrics()}
     counters = parts.counters
     counters["underfilled_steps"] += int(sampled.underfilled)
     trainer_version = parts.policy_version  # the weights being trained: before this step's push

@@ -15,8 +15,10 @@ from tensordict import TensorDict, TensorDictBase
 
 from llmrl.collectors import DynamicSampler
 from llmrl.config.grpo import AuditSettings
+from llmrl.config.reward_shaping import RewardShapingSettings
 from llmrl.data import Tokens
 from llmrl.objectives import MCAdvantage
+from llmrl.objectives.reward_shaping import RewardShaper
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.train.audit import AuditError, StepAudit
 from tests.support.stages import ROLLOUT_METRICS
@@ -47,12 +49,24 @@ def batch_of(
     )
 
 
+SHAPING_METRICS = {
+    "shaping/overlong_rows",
+    "shaping/truncated_rows",
+    "shaping/length_penalized_rows",
+    "shaping/repetition_rows",
+    "shaping/masked_rows",
+    "shaping/reward_delta_mean",
+}
+"""What a step with ``reward_shaping`` on adds, whichever options are on."""
+
+
 class FakeParts:
     """A composition whose engines answer fixed responses, trainer reports a loss, and push moves
     the version (optionally lagging by ``lag`` versions, as async sampling does)."""
 
     def __init__(self, lag: int = 0, audit: StepAudit | None = None) -> None:
         self.audit = audit
+        self.shaping: RewardShaper | None = None
         self.sampler = DynamicSampler(MCAdvantage(G), PROMPTS, 0)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.trained_versions: deque[tuple[int, list[int]]] = deque()
@@ -112,6 +126,22 @@ def test_a_step_without_a_push_reports_no_bytes():
     parts = FakeParts()
     parts.sync = None
     assert grpo_step(parts, 1)[1]["weight_sync_bytes"] == 0.0
+
+
+def test_rewards_are_shaped_before_the_advantages_and_the_step_logs_it():
+    # budget 4, buffer 2: responses of 3, 1, 2 (the buffer's start), 4 tokens get -0.5, 0, 0, -1
+    parts = FakeParts()
+    parts.shaping = RewardShaper(
+        RewardShapingSettings(overlong_buffer={"length": 2, "penalty": 1.0}), max_new_tokens=4
+    )
+    batch, metrics = grpo_step(parts, 1)
+    assert batch["reward"].tolist() == [-0.5, 1.0, 1.0, 0.0]
+    assert metrics["reward_mean"] == 0.375 and metrics["shaping/reward_delta_mean"] == -0.375
+    assert metrics["shaping/overlong_rows"] == 2.0 and metrics["shaping/masked_rows"] == 0.0
+    assert {name for name in metrics if name.startswith("shaping/")} == SHAPING_METRICS
+    # the second group's env rewards (1, 1) had no signal; shaped (1, 0) they have
+    [(trained, _)] = parts.trained
+    assert trained["advantage"].tolist() == pytest.approx([-1.0, 1.0, 1.0, -1.0], abs=1e-4)
 
 
 class Tokenizer:
