@@ -248,8 +248,17 @@ class VLLMEngine:
         return self.llm.get_weight_version()
 
     def reset_prefix_cache(self) -> None:
-        """Forget cached prompt prefixes (needed after a weight update)."""
-        self.llm.reset_prefix_cache()
+        """Forget cached prompt prefixes (needed after a weight update: a resumed reply's
+        prompt + prefix would otherwise read KV computed with the old weights).
+
+        Raises:
+            RuntimeError: vLLM kept its cache (it refuses while requests hold blocks).
+        """
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError(
+                f"vLLM engine {self.model!r} could not drop its prefix cache (requests still "
+                "running?): its cached KV predates the weights now loaded"
+            )
 
     def init_weight_update_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int

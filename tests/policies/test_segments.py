@@ -13,13 +13,15 @@ from llmrl.policies.io_spec import GeneratedSample
 from llmrl.policies.segments import (
     EMPTY,
     PARTIAL_KEY,
-    RESUME_KEYS,
+    RETURN_AFTER_GROUPS,
+    GroupsEnded,
     Prefix,
     align_prefixes,
     attach_prefixes,
     join_segments,
 )
 from tests.support.chats import history_batch
+from tests.support.segments import resume_until_done
 from tests.tolerances import log_prob_atol, max_abs
 
 BUDGET = 12
@@ -28,34 +30,6 @@ BUDGET = 12
 def _policy(model, tokenizer, **kwargs):
     settings = {"max_new_tokens": BUDGET, "seed": 0, **kwargs.pop("generate_kwargs", {})}
     return TransformersWrapper(model, tokenizer, generate_kwargs=settings, **kwargs)
-
-
-def _resume_until_done(policy, state, between=None):
-    """Call ``policy`` on ``state`` until no row is partial; every row's last output and the
-    length of its reply before each call (the segment boundaries). ``between(call)`` runs after
-    each call (a weight change)."""
-    rows = state.batch_size[0]
-    prefixes, outputs = [EMPTY] * rows, [None] * rows
-    boundaries = [[] for _ in range(rows)]
-    going = list(range(rows))
-    call = 0
-    while going:
-        for row in going:
-            boundaries[row].append(len(prefixes[row]))
-        out = policy(attach_prefixes(state[torch.tensor(going)], [prefixes[r] for r in going]))
-        assert not set(RESUME_KEYS) & set(out.keys())
-        tokens, log_probs = out["tokens"].as_list("response"), out["log_probs"].as_list("response")
-        still = []
-        for index, row in enumerate(going):
-            outputs[row] = out[index]
-            prefixes[row] = Prefix(tokens[index], log_probs[index])
-            if bool(out[PARTIAL_KEY][index]):
-                still.append(row)
-        call += 1
-        if between is not None:
-            between(call)
-        going = still
-    return outputs, boundaries
 
 
 def _atol(model, sequences) -> float:
@@ -70,7 +44,7 @@ def test_greedy_segments_make_the_whole_greedy_reply(tiny, tokenizer):
     greedy = {"do_sample": False}
     whole = _policy(tiny, tokenizer, generate_kwargs=greedy)(history_batch())
     segmented = _policy(tiny, tokenizer, generate_kwargs=greedy, segment_tokens=5)
-    outputs, boundaries = _resume_until_done(segmented, history_batch())
+    outputs, boundaries = resume_until_done(segmented, history_batch())
     for row, out in enumerate(outputs):
         expected = whole["tokens"].as_list("response")[row]
         assert torch.equal(out["tokens"].response, expected)
@@ -99,7 +73,7 @@ def test_a_reply_across_a_weight_change_has_each_versions_log_probs(tiny, tokeni
                 for parameter in model.parameters():
                     parameter.add_(0.05 * torch.randn_like(parameter))
 
-    outputs, boundaries = _resume_until_done(policy, history_batch(), between=change_weights)
+    outputs, boundaries = resume_until_done(policy, history_batch(), between=change_weights)
     new_model, old_model = model, copy.deepcopy(tiny)
     old_model.load_state_dict(old)
     for out, cuts in zip(outputs, boundaries, strict=True):
@@ -153,3 +127,34 @@ def test_more_than_one_sample_per_row_is_refused(tiny, tokenizer):
     policy = _policy(tiny, tokenizer, segment_tokens=4, num_samples=2)
     with pytest.raises(ValueError, match="num_samples=1"):
         policy(history_batch())
+
+
+def test_groups_ended_waits_for_every_callers_wanted_groups():
+    callers = torch.tensor([0, 0, 0, 0, 1, 1])
+    groups = torch.tensor([1, 1, 2, 2, 3, 3])
+    rule = GroupsEnded(callers, groups, {0: 1, 1: 1})
+    assert not rule(torch.tensor([True, False, True, False, True, True]))  # caller 0: none whole
+    assert rule(torch.tensor([True, False, True, True, True, True]))  # group 2 and group 3
+    assert not rule(torch.tensor([True, True, True, True, True, False]))  # caller 1: none
+    assert GroupsEnded(callers, groups, {0: 2, 1: 0})(torch.tensor([True] * 4 + [False] * 2))
+
+
+def test_a_call_returns_once_the_wanted_groups_ended(eos_model, tokenizer):
+    """Rows 0-1 form group 0, row 2 group 1; one group wanted: the call returns at the step
+    the first group's last row ended, the other rows cut there and marked partial."""
+    state = attach_prefixes(history_batch(), [EMPTY] * 3)
+    state.set("group_id", torch.tensor([0, 0, 1]))
+    state.set(RETURN_AFTER_GROUPS, torch.tensor([[5, 1]] * 3))
+    budget = 200
+    out = _policy(eos_model, tokenizer, generate_kwargs={"max_new_tokens": budget})(state)
+    lengths = [len(r) for r in out["tokens"].as_list("response")]
+    partial = out[PARTIAL_KEY].tolist()
+    ended_groups = [g for g, rows in ((0, [0, 1]), (1, [2])) if not any(partial[r] for r in rows)]
+    assert len(ended_groups) == 1
+    cut = max(lengths)
+    assert cut < budget  # returned early
+    assert all(lengths[r] == cut for r in range(3) if partial[r])  # cut at the same step
+    for row in range(3):
+        ended = not partial[row]
+        assert out["history"].full[row][-1].is_complete == ended
+        assert (out["tokens"].as_list("response")[row][-1] == tokenizer.eos_token_id) == ended

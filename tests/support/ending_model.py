@@ -29,8 +29,8 @@ def ending_model(tokenizer, eos_prob: float, seed: int = 0, hidden_size: int = 6
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,  # head size 32: vLLM's CPU attention refuses 16
+        num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,

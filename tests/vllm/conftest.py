@@ -56,6 +56,24 @@ def hf_model(model_dir):
     return load_model(model_dir, dtype=torch.float32).eval().requires_grad_(False)
 
 
+@pytest.fixture(scope="module")
+def tiny_hf(vllm_tiny_dir):
+    """The tiny model of ``vllm_tiny_dir`` in transformers, fp32 (the trainer's side)."""
+    from llmrl.models import load_model
+
+    return load_model(vllm_tiny_dir, dtype=torch.float32).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(vllm_tiny_dir):
+    """A ``VLLMEngine`` of the tiny model (fp32, eager), one per module that asks."""
+    from llmrl.policies.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(vllm_tiny_dir, dtype="float32", max_model_len=512, seed=0)
+    yield engine
+    engine.close()
+
+
 def hf_log_probs(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
     """``[0, lp(t1 | t0), ...]`` of one token sequence under a transformers model."""
     with torch.no_grad():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl.policies.vllm_engine import VLLMEngine
 from llmrl.policies.vllm_wrapper import vLLMWrapper
 from tests.support.chats import history_batch
 from tests.vllm.conftest import (
@@ -29,24 +28,9 @@ pytestmark = pytest.mark.vllm
 PROBE = [1, 9690, 198, 504, 3458, 28, 253, 9516, 30, 216, 33, 34]
 
 
-@pytest.fixture(scope="module")
-def tiny_hf(vllm_tiny_dir):
-    """The tiny model in transformers, fp32 (the trainer's side)."""
-    from llmrl.models import load_model
-
-    return load_model(vllm_tiny_dir, dtype=torch.float32).eval().requires_grad_(False)
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_tiny_dir):
-    engine = VLLMEngine(vllm_tiny_dir, dtype="float32", max_model_len=512, seed=0)
-    yield engine
-    engine.close()
-
-
-def test_sampled_log_probs_are_the_trainers(engine, tiny_hf, tokenizer):
+def test_sampled_log_probs_are_the_trainers(tiny_engine, tiny_hf, tokenizer):
     policy = vLLMWrapper(
-        engine, tokenizer, num_samples=2, generate_kwargs={"max_new_tokens": 8, "seed": 0}
+        tiny_engine, tokenizer, num_samples=2, generate_kwargs={"max_new_tokens": 8, "seed": 0}
     )
     out = policy(history_batch())
     assert out.batch_size == torch.Size([3, 2])
@@ -60,21 +44,21 @@ def test_sampled_log_probs_are_the_trainers(engine, tiny_hf, tokenizer):
     assert_close_rows(sampled, scored["log_probs"].as_list("response"))
 
 
-def test_scoring_gives_the_models_log_probs(engine, tiny_hf):
-    assert_close_rows([hf_log_probs(tiny_hf, PROBE)], [engine_log_probs(engine, PROBE)])
+def test_scoring_gives_the_models_log_probs(tiny_engine, tiny_hf):
+    assert_close_rows([hf_log_probs(tiny_hf, PROBE)], [engine_log_probs(tiny_engine, PROBE)])
 
 
-def test_after_a_weight_update_the_engine_scores_like_the_trainer(engine, tiny_hf, tmp_path):
-    engine.weight_folder = str(tmp_path)
+def test_after_a_weight_update_the_engine_scores_like_the_trainer(tiny_engine, tiny_hf, tmp_path):
+    tiny_engine.weight_folder = str(tmp_path)
     trainer = perturbed(tiny_hf, 0.05, seed=0)
-    before = engine_log_probs(engine, PROBE)
+    before = engine_log_probs(tiny_engine, PROBE)
     gap = (before - hf_log_probs(trainer, PROBE)).abs().max().item()
     assert gap > 100 * ATOL, "fixture: the step must move the log-probs measurably"
     try:
-        engine.load_weights(trainer.state_dict().items(), version=1)
-        assert engine.weight_version() == "1"
+        tiny_engine.load_weights(trainer.state_dict().items(), version=1)
+        assert tiny_engine.weight_version() == "1"
         assert list(tmp_path.iterdir()) == [], "the weight file is removed after the load"
-        assert_close_rows([hf_log_probs(trainer, PROBE)], [engine_log_probs(engine, PROBE)])
+        assert_close_rows([hf_log_probs(trainer, PROBE)], [engine_log_probs(tiny_engine, PROBE)])
     finally:
-        engine.load_weights(tiny_hf.state_dict().items(), version=2)
-    assert_close_rows([before], [engine_log_probs(engine, PROBE)])
+        tiny_engine.load_weights(tiny_hf.state_dict().items(), version=2)
+    assert_close_rows([before], [engine_log_probs(tiny_engine, PROBE)])
