@@ -11,8 +11,16 @@ def stage_config(config_cls: type, *overrides: str, **fields: Any) -> Any:
     keyword ``fields`` (top-level values, e.g. ``steps=3``) on top of the defaults."""
     from llmrl.config import load_config
 
-    sets = [*overrides, *(f"{key}={json.dumps(value)}" for key, value in fields.items())]
-    return load_config(config_cls, None, ["progress=false", *sets])
+    return load_config(config_cls, None, _sets(overrides, fields))
+
+
+def _sets(overrides: tuple[str, ...], fields: dict[str, Any]) -> list[str]:
+    """``--set`` strings: ``progress=false``, the ``overrides``, then the ``fields`` as JSON."""
+    return [
+        "progress=false",
+        *overrides,
+        *(f"{key}={json.dumps(value)}" for key, value in fields.items()),
+    ]
 
 
 BOMB = "generate:\n  options:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
@@ -37,3 +45,14 @@ def tiny_grpo_config(data: Any, model: Any, *overrides: str, **fields: Any) -> A
         *overrides,
         **{"prompts_per_step": 2, "num_samples": 2, **fields},
     )
+
+
+def vllm_cpu_grpo_config(data: Any, model: Any, *overrides: str, **fields: Any) -> Any:
+    """``configs/grpo-vllm-cpu.yaml`` (the GRPO runtime on a vLLM CPU engine, 2 env workers,
+    2 DDP trainer ranks) on ``data`` with ``model``; ``overrides`` and ``fields`` on top."""
+    from llmrl.config import load_config
+    from llmrl.config.grpo import GRPOConfig
+    from tests.support.paths import REPO
+
+    sets = _sets((f"data.path={data}", f"model.name={model}", *overrides), fields)
+    return load_config(GRPOConfig, REPO / "configs" / "grpo-vllm-cpu.yaml", sets)

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmrl.config import load_config
-from llmrl.config.grpo import GRPOConfig
 from llmrl.runtime import GRPORuntime, resolve_topology
 from llmrl.runtime.ray_cluster import actor_runtime_env
+from tests.support.configs import vllm_cpu_grpo_config
 from tests.support.fixed_reward_task import FixedRewardTask
 from tests.support.paths import REPO
 from tests.vllm.conftest import ATOL, assert_close_rows, hf_log_probs
@@ -26,7 +25,6 @@ pytestmark = [
     pytest.mark.usefixtures("isolated_stage"),
 ]
 
-CONFIG = REPO / "configs" / "grpo-vllm-cpu.yaml"
 PROBE = [1, 9690, 198, 504, 3458, 28, 253, 9516, 30, 216, 33, 34]
 
 
@@ -44,20 +42,15 @@ def test_grpo_on_a_vllm_cpu_engine_keeps_the_engine_equal_to_the_trainer(
     _, manifest = grpo_runtime.prepared_task(arithmetic_data)
     monkeypatch.setattr(grpo_runtime, "prepared_task", lambda path: (FixedRewardTask(1), manifest))
 
-    config = load_config(
-        GRPOConfig,
-        CONFIG,
-        [
-            f"data.path={arithmetic_data}",
-            f"model.name={vllm_tiny_dir}",  # the shipped config's SmolLM2, shrunk for the test
-            "generation.max_new_tokens=8",
-            "optimizer.lr=1e-3",
-            f"checkpoint.dir={tmp_path / 'checkpoints'}",
-            "checkpoint.keep_last=3",
-            "prompts_per_step=4",
-            "num_samples=2",
-            "progress=false",
-        ],
+    config = vllm_cpu_grpo_config(
+        arithmetic_data,
+        vllm_tiny_dir,  # the shipped config's SmolLM2, shrunk for the test
+        "generation.max_new_tokens=8",
+        "optimizer.lr=1e-3",
+        f"checkpoint.dir={tmp_path / 'checkpoints'}",
+        "checkpoint.keep_last=3",
+        "prompts_per_step=4",
+        "num_samples=2",
     )
     assert config.topology.inference.backend == "vllm"
     assert config.topology.inference.engine_gpus == 0 and config.topology.trainer.world_size == 2
