@@ -21,6 +21,8 @@ import torch
 
 from llmrl.collectors.actor_faults import is_actor_death
 from llmrl.collectors.llm_collector import Trajectory, TrajectoryRunner, find_version_transform
+from llmrl.core.deadlines import CallTimeout, Hung, cause_of, wait_for
+from llmrl.core.faults import hang_point
 from llmrl.core.ray_helpers import import_ray
 from llmrl.core.weights_checksum import verify_checksum, weights_checksum
 from llmrl.objectives.consistency import ENGINE_KEY
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ENGINE_CALL_SETTING = "runtime.timeouts.engine_call_s"
 
 
 class InferenceActor:
@@ -138,6 +141,7 @@ class InferenceActor:
 
     def _load(self, state_dict: dict[str, torch.Tensor], version: int | None, checksum: str) -> str:
         with self._exclusive():
+            hang_point("load_weights", version or 0)  # $LLMRL_HANG_AT: tests' stuck loads
             if callable(getattr(self.policy, "load_weights", None)):
                 self.policy.load_weights(state_dict.items(), version=version, checksum=checksum)
                 held = self._verified = checksum  # verified by the engines before loading
@@ -237,6 +241,7 @@ class EnvWorker:
     ``runner_factory`` builds the stepping loop (default :class:`TrajectoryRunner`; partial
     rollouts: :func:`~llmrl.collectors.partial_rollouts.partial_runner_factory`), whose
     ``stats``, if it keeps any, come back with each batch (``info["runner"]``).
+    ``engine_call_s`` bounds each call to the inference actor (None: no bound).
     """
 
     def __init__(
@@ -249,8 +254,10 @@ class EnvWorker:
         yield_completed_trajectories: bool = True,
         rollout_sender: RolloutSender | None = None,
         runner_factory: Callable[..., TrajectoryRunner] | None = None,
+        engine_call_s: float | None = None,
     ) -> None:
         self.env = env_factory(worker_index)
+        self.engine_call_s = engine_call_s
         self.worker_index = worker_index
         self.inference_actor = inference_actor
         self.rollout_sender = rollout_sender
@@ -279,9 +286,11 @@ class EnvWorker:
         being :meth:`state_dict` now, so what was produced and where to go on from travel
         together). Returns None once sent; without a sender, returns the batch.
 
-        When the inference actor dies, the call sends early what is ready, with
-        ``info["inference_error"]`` (its message); the rows waiting for a reply stay, and the
-        next call asks the actor given by :meth:`set_inference_actor`.
+        When the inference actor dies (or does not answer within ``engine_call_s``: then also
+        ``info["inference_timeout"]``, the :class:`~llmrl.core.deadlines.CallTimeout`), the call
+        sends early what is ready, with ``info["inference_error"]`` (its message); the rows
+        waiting for a reply stay, and the next call asks the actor given by
+        :meth:`set_inference_actor`.
         """
         units: list[Trajectory] = []
         ready = turns = trajectories = 0
@@ -290,9 +299,12 @@ class EnvWorker:
             try:
                 result = self.runner.step()
             except Exception as error:
-                if not is_actor_death(error):
+                hung = isinstance(error, CallTimeout) and cause_of(error) is error
+                if not (hung or is_actor_death(error)):
                     raise
                 info["inference_error"] = f"{type(error).__name__}: {error}"
+                if hung:  # the driver kills and rebuilds the engine that hung
+                    info["inference_timeout"] = error
                 break
             new = result.units(self.by_trajectory)
             units.extend(new)
@@ -336,7 +348,12 @@ class EnvWorker:
 
     def _generate(self, state: TensorDictBase) -> TensorDictBase:
         ray = import_ray("Env workers")
-        out = ray.get(self.inference_actor.generate.remote(state))
+        reply = self.inference_actor.generate.remote(state)
+        if self.engine_call_s is None:
+            out = ray.get(reply)
+        else:  # the driver names the engine and the round
+            hung = Hung(role="inference engine", call="generate", setting=ENGINE_CALL_SETTING)
+            out = wait_for(reply, self.engine_call_s, hung)
         if self._version is not None and self._version.key in out.keys():  # noqa: SIM118
             # the env's own PolicyVersion stamps what the inference actor reported
             self._reply_version = int(out.get(self._version.key).reshape(-1)[0])

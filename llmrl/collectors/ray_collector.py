@@ -33,6 +33,14 @@ driver, and the batch completes:
   its last successful ``collect`` (next trajectory id, dataset position): what it produced in
   the call that died is produced again, by the replacement, under the same trajectory ids.
 
+**Hangs.** Every wait has a deadline (``timeouts``,
+:class:`~llmrl.config.runtime_settings.RuntimeTimeouts`): an env worker's ``collect``
+(``env_worker_s``), an env worker's call to its engine (``engine_call_s``, in the worker), a
+push (``weight_push_s``, in the weight updater), actors starting (``startup_s``). An env worker
+or an engine that runs past one is killed and then rebuilt as a dead one, within the same
+``max_actor_restarts``; with no rebuild left the :class:`~llmrl.core.deadlines.CallTimeout`
+naming it (role, index, phase, version, round) stops the run.
+
 Ray's own actor restarts (``max_restarts``) are not used: they rerun the constructor, which
 would bring an inference actor back with the factory's weights and version 0, and an env worker
 back at the start of its dataset. Each rebuild counts in ``stats["env_worker_restarts"]`` or
@@ -71,10 +79,13 @@ from llmrl.collectors.actor_faults import (
     dead_actors,
     first_line,
     is_actor_death,
+    kill_hung,
 )
 from llmrl.collectors.llm_collector import CollectorBase
 from llmrl.collectors.ray_actors import EnvWorker, InferenceActor
 from llmrl.collectors.ray_layout import ActorLayout
+from llmrl.config.runtime_settings import RuntimeTimeouts
+from llmrl.core.deadlines import CallTimeout, Deadline, Hung, cause_of, wait_for
 from llmrl.core.ray_helpers import import_ray
 from llmrl.transports.object_store import RayObjectStoreWeightUpdater
 from llmrl.transports.rollouts import ray_rollouts
@@ -106,6 +117,7 @@ class RayLLMCollector(CollectorBase):
         runtime_env: Ray runtime environment of every actor (e.g. ``{"env_vars": {...}}``).
         max_actor_restarts: rebuilds allowed per actor after its process died (see the module
             docstring); 0 fails at the first death.
+        timeouts: the deadlines of the actors' calls (default: the config's defaults).
         runner_factory: what each env worker steps its env with (default its
             :class:`~llmrl.collectors.llm_collector.TrajectoryRunner`); the runners' ``stats``
             are summed into this collector's (partial rollouts: ``resumed_rows``...).
@@ -127,6 +139,7 @@ class RayLLMCollector(CollectorBase):
         runtime_env: dict[str, Any] | None = None,
         max_actor_restarts: int = 3,
         runner_factory: Callable[..., Any] | None = None,
+        timeouts: RuntimeTimeouts | None = None,
     ) -> None:
         super().__init__(
             dialog_turns_per_batch=dialog_turns_per_batch,
@@ -139,6 +152,7 @@ class RayLLMCollector(CollectorBase):
         if not ray.is_initialized():
             ray.init()
         layout = actors or ActorLayout.uniform()
+        self.timeouts = timeouts or RuntimeTimeouts()
         self._budget = RestartBudget(max_actor_restarts)
         self.stats.update(env_worker_restarts=0, inference_actor_restarts=0)
         extra: dict[str, Any] = {} if runtime_env is None else {"runtime_env": runtime_env}
@@ -151,6 +165,7 @@ class RayLLMCollector(CollectorBase):
         self._start_actors(len(layout.inference), len(layout.env_workers))
         if weight_updater is None:
             self.weight_updater = RayObjectStoreWeightUpdater(self.inference_actors)
+            self.weight_updater.push_timeout_s = self.timeouts.weight_push_s
         workers = len(self.env_workers)
         self._worker_done = [False] * workers
         # each worker's state after its last successful collect: what a replacement starts from
@@ -188,18 +203,23 @@ class RayLLMCollector(CollectorBase):
             yield_completed_trajectories=by_trajectory,
             rollout_sender=self._rollout_sender,
             runner_factory=self._runner_factory,
+            engine_call_s=self.timeouts.engine_call_s,
         )
 
     def _start_actors(self, inference_actors: int, env_workers: int) -> None:
         """Start every actor and wait until each is built (a factory's error surfaces here,
         and leaves no actor behind)."""
-        ray = import_ray("RayLLMCollector")
         self.inference_actors = [self._new_inference_actor(i) for i in range(inference_actors)]
         self.env_workers = [
             self._new_env_worker(i, self._inference_of(i)) for i in range(env_workers)
         ]
+        actors = [*self.inference_actors, *self.env_workers]
+        hung = [
+            *self._hung("inference engine", "ready (start)", "startup_s", range(inference_actors)),
+            *self._hung("env worker", "ready (start)", "startup_s", range(env_workers)),
+        ]
         try:
-            ray.get([actor.ready.remote() for actor in [*self.inference_actors, *self.env_workers]])
+            wait_for([actor.ready.remote() for actor in actors], self.timeouts.startup_s, hung)
         except Exception:
             self.shutdown()
             raise
@@ -207,17 +227,38 @@ class RayLLMCollector(CollectorBase):
     def _inference_of(self, worker_index: int) -> Any:
         return self.inference_actors[worker_index % len(self.inference_actors)]
 
+    def _hung(self, role: str, call: str, setting: str, indices: Sequence[int]) -> list[Hung]:
+        """What each call of ``role`` ``indices`` waited for (for a timeout's message)."""
+        version, setting = self.policy_version, f"runtime.timeouts.{setting}"
+        hung = Hung(role=role, call=call, version=version, round=self._round, setting=setting)
+        return hung.each(indices)
+
+    def _engine_hung(self, engine: int, timeout: CallTimeout, **fields: Any) -> CallTimeout:
+        """Engine ``engine`` ran past a deadline (an env worker's call or a push): killed, to
+        be rebuilt (or the timeout, with ``fields`` named, raised when it may not be)."""
+        timeout = timeout.with_details(index=engine, **fields)
+        actor, name = self.inference_actors[engine], f"inference actor {engine}"
+        logger.warning("%s", timeout)
+        return kill_hung(actor, name, self._budget, timeout)
+
     def _collect_more(self) -> None:
-        ray = import_ray("RayLLMCollector")
         live = [i for i, done in enumerate(self._worker_done) if not done]
         missing = self.dialog_turns_per_batch - self._assembler.pending_turns
         share = max(1, math.ceil(missing / len(live)))
         self._round += 1
         calls = {i: self.env_workers[i].collect.remote(share, self._round) for i in live}
+        deadline = Deadline(self.timeouts.env_worker_s)  # the calls run together
         faults: list[BaseException] = []
-        for call in calls.values():
+        for index, call in calls.items():
+            (hung,) = self._hung("env worker", "collect", "env_worker_s", [index])
             try:
-                ray.get(call)  # returns once its worker's batch is in the inbox
+                wait_for(call, deadline, hung)  # returns once its worker's batch is in the inbox
+            except CallTimeout as error:
+                if cause_of(error) is not error:  # raised by the worker's own code
+                    raise
+                logger.warning("%s", error)
+                name = f"env worker {index}"
+                faults.append(kill_hung(self.env_workers[index], name, self._budget, error))
             except Exception as error:
                 if not is_actor_death(error):
                     raise
@@ -233,6 +274,13 @@ class RayLLMCollector(CollectorBase):
             self._worker_done[index] = bool(info["exhausted"])
             self._worker_states[index] = info["state"]
             self._runner_stats[index] = info.get("runner", {})
+            if info.get("inference_timeout") is not None:  # its engine hung: kill, rebuild
+                engine = index % len(self.inference_actors)
+                timeout = info["inference_timeout"]
+                version = self.policy_version
+                faults.append(
+                    self._engine_hung(engine, timeout, round=self._round, version=version)
+                )
             if "inference_error" in info:
                 faults.append(RuntimeError(info["inference_error"]))
             logger.debug(
@@ -248,8 +296,10 @@ class RayLLMCollector(CollectorBase):
     def _replace_dead_actors(self, fault: BaseException) -> None:
         """Rebuild every dead inference actor, then every dead env worker (see the module
         docstring); ``fault`` is re-raised when no actor is dead."""
-        ray = import_ray("RayLLMCollector")
-        dead_inference = dead_actors(self.inference_actors)
+        timeouts = self.timeouts
+        dead_inference = dead_actors(
+            self.inference_actors, timeouts.engine_call_s, "inference engine"
+        )
         for index, error in dead_inference.items():
             self._budget.spend(f"inference actor {index}", error)
             old, new = self.inference_actors[index], self._new_inference_actor(index)
@@ -262,29 +312,33 @@ class RayLLMCollector(CollectorBase):
                     f"{type(updater).__name__} cannot reload version "
                     f"{self.policy_version} into it"
                 ) from error
-            ray.get(new.set_version.remote(self.policy_version))
+            (hung,) = self._hung("inference engine", "set_version", "engine_call_s", [index])
+            wait_for(new.set_version.remote(self.policy_version), timeouts.startup_s, hung)
             self.stats["inference_actor_restarts"] += 1
             logger.warning("inference actor %d died (%s); rebuilt it", index, first_line(error))
-        dead_workers = dead_actors(self.env_workers)
+        dead_workers = dead_actors(self.env_workers, timeouts.env_worker_s, "env worker")
         for index, error in dead_workers.items():
             self._budget.spend(f"env worker {index}", error)
             worker = self._new_env_worker(index, self._inference_of(index))
             self.env_workers[index] = worker
             state = self._worker_states[index]  # None: nothing collected yet, start afresh
+            (hung,) = self._hung("env worker", "rebuild", "startup_s", [index])
             if state is not None:
-                ray.get(worker.load_state_dict.remote(state))
-            ray.get(worker.ready.remote())
+                wait_for(worker.load_state_dict.remote(state), timeouts.startup_s, hung)
+            wait_for(worker.ready.remote(), timeouts.startup_s, hung)
             self.stats["env_worker_restarts"] += 1
             logger.warning("env worker %d died (%s); rebuilt it", index, first_line(error))
         if not dead_inference and not dead_workers:
             raise fault
-        moved = [i for i in range(len(self.env_workers)) if i not in dead_workers]
-        ray.get(
-            [
-                self.env_workers[i].set_inference_actor.remote(self._inference_of(i))
-                for i in moved
-                if i % len(self.inference_actors) in dead_inference
-            ]
+        moved = [
+            i
+            for i in range(len(self.env_workers))
+            if i not in dead_workers and i % len(self.inference_actors) in dead_inference
+        ]
+        wait_for(
+            [self.env_workers[i].set_inference_actor.remote(self._inference_of(i)) for i in moved],
+            timeouts.env_worker_s,
+            self._hung("env worker", "set_inference_actor", "env_worker_s", moved),
         )
 
     def _exhausted(self) -> bool:
@@ -296,11 +350,17 @@ class RayLLMCollector(CollectorBase):
         the actors, which stamp it.
 
         An inference actor found dead by the push is rebuilt (with the weights of the push
-        that failed, which the updater already holds) and the push is made again."""
+        that failed, which the updater already holds) and the push is made again. An engine
+        the push names as hung (the updater's :class:`~llmrl.core.deadlines.CallTimeout`) is
+        killed and rebuilt the same way, or the timeout stops the run when it may not be."""
         try:
             return super().update_policy_weights_(weights)
         except Exception as error:
-            if not is_actor_death(error) or not dead_actors(self.inference_actors):
+            timeout = cause_of(error)
+            engine = timeout.hung.index if isinstance(timeout, CallTimeout) else None
+            if engine is not None and timeout.hung.role == "inference engine":
+                self._engine_hung(engine, timeout.with_details(version=self.policy_version + 1))
+            elif not is_actor_death(error) or not dead_actors(self.inference_actors):
                 raise
             self._replace_dead_actors(error)
             return super().update_policy_weights_(weights)
@@ -316,8 +376,9 @@ class RayLLMCollector(CollectorBase):
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, policy version and every worker's state (next ids, dataset position)."""
-        ray = import_ray("RayLLMCollector")
-        workers = ray.get([worker.state_dict.remote() for worker in self.env_workers])
+        refs = [worker.state_dict.remote() for worker in self.env_workers]
+        hung = self._hung("env worker", "state_dict", "env_worker_s", range(len(refs)))
+        workers = wait_for(refs, self.timeouts.env_worker_s, hung)
         return {
             "stats": dict(self.stats),
             "policy_version": self.policy_version,
@@ -326,19 +387,22 @@ class RayLLMCollector(CollectorBase):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` on the same number of workers."""
-        ray = import_ray("RayLLMCollector")
         if len(state["workers"]) != len(self.env_workers):
             raise ValueError(
                 f"state has {len(state['workers'])} workers, this collector {len(self.env_workers)}"
             )
         self.stats = {"env_worker_restarts": 0, "inference_actor_restarts": 0, **state["stats"]}
         self._set_version(int(state["policy_version"]))
-        ray.get([a.set_version.remote(self.policy_version) for a in self.inference_actors])
-        ray.get(
-            [
-                worker.load_state_dict.remote(worker_state)
-                for worker, worker_state in zip(self.env_workers, state["workers"], strict=True)
-            ]
+        engines, workers = self.inference_actors, self.env_workers
+        wait_for(
+            [a.set_version.remote(self.policy_version) for a in engines],
+            self.timeouts.engine_call_s,
+            self._hung("inference engine", "set_version", "engine_call_s", range(len(engines))),
+        )
+        wait_for(
+            [w.load_state_dict.remote(s) for w, s in zip(workers, state["workers"], strict=True)],
+            self.timeouts.env_worker_s,
+            self._hung("env worker", "load_state_dict", "env_worker_s", range(len(workers))),
         )
         self._worker_done = [False] * len(self.env_workers)
         self._worker_states = list(state["workers"])

@@ -47,6 +47,7 @@ from tensordict import TensorDictBase
 from llmrl.collectors import ActorLayout, AsyncRollouts, DynamicSampler, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
 from llmrl.core.config_loading import ConfigError
+from llmrl.core.deadlines import CallTimeout, Hung, cause_of, wait_for
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.objectives import build_advantage
@@ -226,6 +227,7 @@ class GRPORuntime:
             dialog_turns_per_batch=config.prompts_per_step * config.num_samples,
             runtime_env=runtime_env,
             max_actor_restarts=config.runtime.max_actor_restarts,
+            timeouts=config.runtime.timeouts,
         )
         self._parts.append(self.collector.shutdown)
 
@@ -309,12 +311,13 @@ class GRPORuntime:
         if reference is None or self.config.advantage.kl_in_reward_coeff == 0:
             return None
 
-        def score(batch: TensorDictBase) -> TensorDictBase:
-            import ray
+        return self._score_with_reference
 
-            return ray.get(reference.score.remote(batch))
-
-        return score
+    def _score_with_reference(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch`` scored by the dedicated reference, within ``timeouts.reference_s``."""
+        setting, seconds = "runtime.timeouts.reference_s", self.config.runtime.timeouts.reference_s
+        hung = Hung(role="reference", call="score", version=self.policy_version, setting=setting)
+        return wait_for(self.reference.score.remote(batch), seconds, hung)
 
     @property
     def policy_version(self) -> int:
@@ -323,8 +326,13 @@ class GRPORuntime:
 
     def step(self, number: int) -> tuple[TensorDictBase, dict[str, float]]:
         """One GRPO iteration (step ``number``, 1-based): :func:`~llmrl.runtime.grpo_step.
-        grpo_step` over this runtime's parts; every row sampled for it and its metrics."""
-        return grpo_step(self, number)
+        grpo_step` over this runtime's parts; every row sampled for it and its metrics. A
+        call that hung past its deadline and could not be rebuilt raises its
+        :class:`~llmrl.core.deadlines.CallTimeout` with the step named (checkpoints stay)."""
+        try:
+            return grpo_step(self, number)
+        except CallTimeout as error:
+            raise cause_of(error).with_details(step=number) from error
 
     # the parts grpo_step takes (StepParts): the runtime's roles behind them
 
@@ -340,9 +348,7 @@ class GRPORuntime:
         are), then every trainer rank learns from its groups; rank 0's metrics."""
         trained = self.model_roles.score_with_teacher(trained)
         if self.reference is not None:
-            import ray
-
-            trained = ray.get(self.reference.score.remote(trained))
+            trained = self._score_with_reference(trained)
         try:
             return self.trainers.train(trained, number)
         except AuditError as error:  # a rank's, through Ray: raised as the rank raised it

@@ -36,6 +36,7 @@ from tensordict import TensorDictBase
 
 from llmrl.config.grpo import GRPOConfig
 from llmrl.config.model_signals import ModelCallSettings
+from llmrl.core.deadlines import Hung, wait_for
 from llmrl.topology import Placement, Topology
 from llmrl.topology.model_roles import ModelRoleSpec
 
@@ -55,6 +56,8 @@ class ModelRoles:
 
     clients: dict[str, ModelClient] = field(default_factory=dict)
     servers: dict[str, list[Any]] = field(default_factory=dict)
+    metrics_timeout_s: float = 600.0
+    """How long :meth:`metrics` waits for the servers (``runtime.timeouts.engine_call_s``)."""
     _last: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
@@ -69,12 +72,13 @@ class ModelRoles:
     def metrics(self) -> dict[str, float]:
         """Each placed role's server counters, summed over its servers (see the module
         docstring); ``<role>/latency_s`` is the mean over the requests since the last call."""
-        import ray
-
         metrics: dict[str, float] = {}
         for name, servers in self.servers.items():
             totals: dict[str, float] = {}
-            for reported in ray.get([server.metrics.remote() for server in servers]):
+            setting = "runtime.timeouts.engine_call_s"
+            hung = Hung(role=name, call="metrics", setting=setting).each(range(len(servers)))
+            refs = [server.metrics.remote() for server in servers]
+            for reported in wait_for(refs, self.metrics_timeout_s, hung):
                 for key, value in reported.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
             before = self._last.get(name, {})
@@ -108,7 +112,7 @@ def start_model_roles(
     runtime_env: dict[str, Any] | None = None,
 ) -> ModelRoles:
     """Start the servers of every placed model role on its bundles, and a client per role."""
-    roles = ModelRoles()
+    roles = ModelRoles(metrics_timeout_s=config.runtime.timeouts.engine_call_s)
     if not topology.model_roles():
         return roles
     from llmrl.scorers import ModelClient

@@ -8,7 +8,11 @@ whole groups of the batch), :meth:`push_weights`, :meth:`save`.
 **A dead rank ends the stage.** The other ranks would wait in a collective until its timeout,
 so every call waits on all ranks together; the first rank whose process died (killed, out of
 memory) makes the group kill the others and raise :class:`TrainerRankDied` naming it. The
-stage exits non-zero and a re-run resumes from the last checkpoint.
+stage exits non-zero and a re-run resumes from the last checkpoint. A weight push or an engine
+restore that outlives its deadline (``runtime.timeouts.weight_push_s``, plus
+``runtime.collective_timeout_s`` for the gather before it) ends the same way, with a
+:class:`~llmrl.core.deadlines.CallTimeout` naming the rank; rank 0's own deadline on the engines
+is shorter, so an engine that hangs is named by rank 0 first (and the ranks stay up).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tensordict import TensorDictBase
 
 from llmrl.collectors.actor_faults import first_line, is_actor_death
 from llmrl.config.grpo import GRPOConfig
+from llmrl.core.deadlines import CallTimeout, Deadline, Hung
 from llmrl.objectives.grouping import group_slices
 from llmrl.runtime.trainer_rank import TrainerRank
 from llmrl.topology import Placement, Topology
@@ -59,6 +64,9 @@ class TrainerGroup:
         self.world_size = spec.count
         self.num_samples = config.num_samples
         self.balance_tokens = config.max_tokens_per_micro_batch is not None
+        runtime = config.runtime
+        self.push_timeout_s = runtime.timeouts.weight_push_s + runtime.collective_timeout_s
+        """The driver's bound on a push: the ranks' gather, then rank 0's push."""
         rows = config.prompts_per_step * config.num_samples
         self.minibatches = math.ceil(rows / (config.minibatch_size or rows))
         self.ranks = self._start_ranks(config, topology, placement, runtime_env)
@@ -135,11 +143,12 @@ class TrainerGroup:
 
     def push_weights(self, version: int) -> WeightSyncStats:
         """Every rank takes part (FSDP gathers the weights), rank 0 sends them; its stats."""
-        return self._all("push_weights", version)[0]
+        return self._all("push_weights", version, deadline=(self.push_timeout_s, version))[0]
 
     def restore_engine(self, old: Any, new: Any) -> bool:
         """Load the last pushed weights into a rebuilt inference actor; whether rank 0 could."""
-        return bool(self._all("restore_engine", old, new, ranks=[0])[0])
+        bound = (self.push_timeout_s, None)
+        return bool(self._all("restore_engine", old, new, ranks=[0], deadline=bound)[0])
 
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Write the checkpoint of ``step``; its path."""
@@ -163,10 +172,11 @@ class TrainerGroup:
         *args: Any,
         ranks: list[int] | None = None,
         stop_on_error: bool = False,
+        deadline: tuple[float, int | None] | None = None,
     ) -> list[Any]:
         chosen = range(self.world_size) if ranks is None else ranks
         refs = [getattr(self.ranks[r], method).remote(*args) for r in chosen]
-        return self._wait(refs, method, list(chosen), stop_on_error)
+        return self._wait(refs, method, list(chosen), stop_on_error, deadline)
 
     def _wait(
         self,
@@ -174,17 +184,27 @@ class TrainerGroup:
         what: str,
         ranks: list[int] | None = None,
         stop_on_error: bool = False,
+        deadline: tuple[float, int | None] | None = None,
     ) -> list[Any]:
         """The results of ``refs`` (one per rank). A rank that died raises
         :class:`TrainerRankDied` after every rank was killed; an error raised by a call is
         raised as it is, after killing the ranks when ``stop_on_error`` (the call was a
-        collective the other ranks would wait in)."""
+        collective the other ranks would wait in). With ``deadline`` (seconds, and the version
+        the call pushes), a call still running then kills the ranks and raises
+        :class:`~llmrl.core.deadlines.CallTimeout` naming the first rank still busy."""
         import ray
 
         ranks = list(range(len(refs))) if ranks is None else ranks
         pending = list(refs)
+        clock = None if deadline is None else Deadline(deadline[0])
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            left = None if clock is None else clock.left()
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                assert clock is not None and deadline is not None
+                if clock.left() > 0:  # ray.wait returned a little early: wait the rest
+                    continue
+                self._stop_hung(ranks[refs.index(pending[0])], what, clock, deadline[1])
             try:
                 ray.get(done[0])
             except Exception as error:
@@ -202,6 +222,16 @@ class TrainerGroup:
                     ) from error
                 raise
         return ray.get(refs)
+
+    def _stop_hung(self, rank: int, what: str, clock: Deadline, version: int | None) -> None:
+        """Kill every rank (one is stuck, the group with it) and raise the timeout."""
+        import ray
+
+        for actor in self.ranks:
+            ray.kill(actor)
+        setting = "runtime.timeouts.weight_push_s + runtime.collective_timeout_s"
+        hung = Hung(role="trainer rank", index=rank, call=what, version=version, setting=setting)
+        raise CallTimeout(hung, clock.timeout_s, "the ranks were stopped; re-run to resume")
 
 
 def split_groups(

@@ -132,8 +132,15 @@ class TrainerRank:
             return
         from llmrl.transports.selection import make_weight_updater
 
+        runtime = self.config.runtime
         self.weight_updater = make_weight_updater(
-            transport, inference_actors, vllm_engines, ranks_per_engine, _node_address()
+            transport,
+            inference_actors,
+            vllm_engines,
+            ranks_per_engine,
+            _node_address(),
+            push_timeout_s=runtime.timeouts.weight_push_s,
+            collective_timeout_s=runtime.collective_timeout_s,
         )
 
     def train(

@@ -29,6 +29,7 @@ and report the checksum of what they then hold.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llmrl.core.deadlines import CallTimeout, Hung, naming_timeouts, wait_for
 from llmrl.core.ray_helpers import free_port, import_ray
 from llmrl.core.weights_checksum import dtype_name, verify_checksum, weights_checksum
 from llmrl.transports.weights import Delivery, StateDict, Weights, WeightUpdater, as_state_dict
@@ -51,6 +53,9 @@ ALIGN = 16
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 """Bytes per bucket unless told otherwise."""
+
+COLLECTIVE_SETTING = "runtime.collective_timeout_s"
+"""The config field that bounds joining the group and each broadcast."""
 
 
 @dataclass(frozen=True)
@@ -175,24 +180,59 @@ class WeightBroadcastGroup:
             raise ValueError(f"rank {rank} of world size {world_size}: need 0 <= rank < size >= 2")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.timeout_s = timeout_s
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
         self.device = torch.device(device)
-        self._store = dist.TCPStore(address, port, world_size, rank == 0, timeout=timeout)
-        store = dist.PrefixStore("llmrl-weights/", self._store)
-        if backend == "nccl":
-            torch.cuda.set_device(self.device)
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            self._group: Any = dist.ProcessGroupNCCL(store, rank, world_size, options)
-        else:
-            self._group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        # a member that never comes: rank 0 waits for every member's key, the others for the
+        # store's server and the group's keys; each wait ends after timeout_s
+        with naming_timeouts(self.hung("joining"), timeout_s):
+            self._store = dist.TCPStore(
+                address, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False
+            )
+            self._store.set(f"joined/{rank}", str(rank))
+            if rank == 0:
+                self._await_members(timeout)
+            store = dist.PrefixStore("llmrl-weights/", self._store)
+            if backend == "nccl":
+                torch.cuda.set_device(self.device)
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                self._group: Any = dist.ProcessGroupNCCL(store, rank, world_size, options)
+            else:
+                self._group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast ``tensor`` (contiguous, on :attr:`device`) from rank 0, in place."""
+    def _await_members(self, timeout: datetime.timedelta) -> None:
+        """Rank 0: wait until every member has reached the store; past ``timeout``, a
+        :class:`~llmrl.core.deadlines.CallTimeout` naming the ranks that did not."""
+        keys = [f"joined/{rank}" for rank in range(1, self.world_size)]
+        try:
+            self._store.wait(keys, timeout)
+        except Exception as error:
+            missing = [k.split("/")[1] for k in keys if not self._store.check([k])]
+            note = f"rank(s) {', '.join(missing)} did not join"
+            raise CallTimeout(self.hung("joining"), timeout.total_seconds(), note) from error
+
+    def hung(self, phase: str, version: int | None = None) -> Hung:
+        """What this member waits for in ``phase`` (for :class:`~llmrl.core.deadlines.
+        CallTimeout`): the group's broadcast, seen from this rank."""
+        return Hung(
+            role="weight broadcast",
+            call="broadcast" if phase != "joining" else "joining the group",
+            phase=phase,
+            version=version,
+            ranks=f"this rank {self.rank} of {self.world_size} (rank 0 sends)",
+            setting=COLLECTIVE_SETTING,
+        )
+
+    def broadcast(self, tensor: torch.Tensor, phase: str = "", version: int | None = None) -> None:
+        """Broadcast ``tensor`` (contiguous, on :attr:`device`) from rank 0, in place; a peer
+        missing past the group's timeout raises :class:`~llmrl.core.deadlines.CallTimeout`
+        naming ``phase`` and ``version``."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self._group.broadcast([tensor], options).wait()
+        with naming_timeouts(self.hung(phase or "broadcast", version), self.timeout_s):
+            self._group.broadcast([tensor], options).wait()
 
     def close(self) -> None:
         """Leave the group (its members must make a new one to go on)."""
@@ -227,16 +267,19 @@ class BroadcastSender:
         header = BroadcastHeader(
             int(version), weights_checksum(tensors), self.bucket_bytes, total, slots
         )
-        encoded = header.encode()
-        self.group.broadcast(torch.tensor([len(encoded)], dtype=torch.int64, device=device))
-        self.group.broadcast(torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device))
+        encoded, version = header.encode(), header.version
+        length = torch.tensor([len(encoded)], dtype=torch.int64, device=device)
+        self.group.broadcast(length, "sending the header's length", version)
+        encoded_tensor = torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device)
+        self.group.broadcast(encoded_tensor, "sending the header", version)
         raw = {name: _bytes_of(tensor) for name, tensor in tensors.items()}
         bucket = torch.empty(self.bucket_bytes, dtype=torch.uint8, device=device)
         for index in range(header.buckets):
             start = index * self.bucket_bytes
             size = min(self.bucket_bytes, total - start)
             self._fill(index, bucket[:size], start, slots, raw)
-            self.group.broadcast(bucket[:size])
+            phase = f"sending bucket {index + 1}/{header.buckets}"
+            self.group.broadcast(bucket[:size], phase, version)
         return header
 
     def _fill(
@@ -288,14 +331,16 @@ class BroadcastReceiver:
         match the header's (after receiving every bucket, so the group stays in step)."""
         device = self.group.device
         length = torch.zeros(1, dtype=torch.int64, device=device)
-        self.group.broadcast(length)
+        self.group.broadcast(length, "receiving the header's length")
         encoded = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-        self.group.broadcast(encoded)
+        self.group.broadcast(encoded, "receiving the header")
         header = BroadcastHeader.decode(bytes(encoded.cpu().numpy()))
         stream = torch.empty(header.total_bytes, dtype=torch.uint8, device=device)
         for index in range(header.buckets):
             start = index * header.bucket_bytes
-            self.group.broadcast(stream[start : min(start + header.bucket_bytes, len(stream))])
+            bucket = stream[start : min(start + header.bucket_bytes, len(stream))]
+            phase = f"receiving bucket {index + 1}/{header.buckets}"
+            self.group.broadcast(bucket, phase, header.version)
         state = {
             slot.name: stream[slot.offset : slot.offset + slot.nbytes]
             .view(_dtype(slot.dtype))
@@ -342,11 +387,13 @@ class BroadcastWeightUpdater(WeightUpdater):
         self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
         self._sender: BroadcastSender | None = None
 
-    def init_group(self) -> None:
-        """Make the group with every actor (idempotent)."""
+    def init_group(self, version: int | None = None) -> None:
+        """Make the group with every actor (idempotent; ``version``: the push it is made for,
+        named by a timeout). An actor that does not join within ``timeout_s`` raises
+        :class:`~llmrl.core.deadlines.CallTimeout` naming the engines that did not."""
         if self._sender is not None:
             return
-        ray = import_ray("Broadcasting weights to Ray actors")
+        import_ray("Broadcasting weights to Ray actors")
         port, world = free_port(), 1 + len(self.inference_actors)
         members = [
             GroupMembership(self.address, port, rank, world, self.backend, self.timeout_s)
@@ -356,8 +403,14 @@ class BroadcastWeightUpdater(WeightUpdater):
             actor.join_weight_group.remote(member)
             for actor, member in zip(self.inference_actors, members[1:], strict=True)
         ]
-        group = members[0].join()
-        ray.get(joins)
+        try:
+            group = members[0].join()
+        except CallTimeout as error:
+            note = "rank r of the group is inference engine r - 1"
+            raise error.with_details(note, version=version) from error
+        joining = Hung("inference engine", "join_weight_group", phase="joining", version=version)
+        joining = dataclasses.replace(joining, setting=COLLECTIVE_SETTING)
+        wait_for(joins, self.timeout_s, joining.each(range(len(joins))))
         self._sender = BroadcastSender(group, self.bucket_bytes)
         logger.info(
             "weight broadcast group ready: %s, %d actor(s), %s:%d",
@@ -368,12 +421,11 @@ class BroadcastWeightUpdater(WeightUpdater):
         )
 
     def _push(self, weights: Weights, version: int) -> Delivery:
-        self.init_group()
+        self.init_group(version)
         assert self._sender is not None
-        ray = import_ray("Broadcasting weights to Ray actors")
         receives = [actor.receive_weights.remote() for actor in self.inference_actors]
         header = self._sender.send(as_state_dict(weights), version)
-        held = ray.get(receives)
+        held = self._await(receives, version, "receive_weights", "loading")
         return Delivery(header.total_bytes, header.checksum, tuple(held))
 
     def close(self) -> None:

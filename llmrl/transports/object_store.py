@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmrl.core.deadlines import Hung, wait_for
 from llmrl.core.ray_helpers import import_ray
 from llmrl.core.weights_checksum import weights_checksum
 from llmrl.transports.packed_weights import PackedStateDict
-from llmrl.transports.weights import Delivery, Weights, WeightUpdater, as_state_dict
+from llmrl.transports.weights import (
+    PUSH_SETTING,
+    Delivery,
+    Weights,
+    WeightUpdater,
+    as_state_dict,
+)
 
 
 class RayObjectStoreWeightUpdater(WeightUpdater):
@@ -41,11 +48,23 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
         weights and version into it (an InferenceActor; nothing to load before a push).
         Handles are compared by actor id: ``old`` may be a copy received from another
         process."""
-        ray = import_ray("Pushing weights to Ray actors")
+        import_ray("Pushing weights to Ray actors")  # the extra is named before any call
         self.inference_actors = [new if actor == old else actor for actor in self.inference_actors]
         if self.latest is not None:
-            ray.get(new.load_state_dict.remote(self.latest, self.version, self.latest_checksum))
+            index = next((i for i, a in enumerate(self.inference_actors) if a == new), None)
+            load = new.load_state_dict.remote(self.latest, self.version, self.latest_checksum)
+            wait_for(load, self.push_timeout_s, self._restoring(index))
         return True
+
+    def _restoring(self, index: int | None) -> Hung:
+        return Hung(
+            role="inference engine",
+            index=index,
+            call="load_state_dict (restore after a rebuild)",
+            phase="loading",
+            version=self.version,
+            setting=PUSH_SETTING,
+        )
 
     def _push(self, weights: Weights, version: int) -> Delivery:
         ray = import_ray("Pushing weights to Ray actors")
@@ -69,6 +88,6 @@ class RayObjectStoreWeightUpdater(WeightUpdater):
         # an InferenceActor returns the checksum of what it holds; a VLLMEngine the bytes it
         # loaded, after verifying the tensors against `checksum` (vLLM's fused parameters
         # cannot be fingerprinted under the trainer's names): it reports the verified one
-        results = ray.get(calls)
+        results = self._await(calls, version, "load_state_dict / load_weights", "loading")
         engines = tuple(r if isinstance(r, str) else checksum for r in results)
         return Delivery(nbytes, checksum, engines)

@@ -37,6 +37,8 @@ def make_weight_updater(
     ranks_per_engine: int = 1,
     address: str = "127.0.0.1",
     cuda: bool | None = None,
+    push_timeout_s: float = WeightUpdater.push_timeout_s,
+    collective_timeout_s: float = 600.0,
 ) -> WeightUpdater:
     """The trainer's weight updater for ``transport`` (see the module docstring).
 
@@ -47,6 +49,10 @@ def make_weight_updater(
         ranks_per_engine: workers per vLLM engine (tensor-parallel size).
         address: the trainer's address as the engines see it (broadcast, NCCL rendezvous).
         cuda: whether the trainer has a GPU (None: ``torch.cuda.is_available()``).
+        push_timeout_s: how long a push waits for the engines
+            (``runtime.timeouts.weight_push_s``).
+        collective_timeout_s: the broadcast group's timeout, joining and per broadcast
+            (``runtime.collective_timeout_s``).
 
     Raises:
         ValueError: an unknown transport, or ``vllm`` without vLLM engines.
@@ -55,6 +61,22 @@ def make_weight_updater(
         raise ValueError(
             f"weight_transport: must be one of {', '.join(WEIGHT_TRANSPORTS)}; got {transport!r}"
         )
+    updater = _updater(transport, inference_actors, vllm_engines, ranks_per_engine, address, cuda)
+    updater.push_timeout_s = push_timeout_s
+    if isinstance(updater, BroadcastWeightUpdater):
+        updater.timeout_s = collective_timeout_s
+    return updater
+
+
+def _updater(
+    transport: str,
+    inference_actors: list[Any],
+    vllm_engines: Sequence[Any],
+    ranks_per_engine: int,
+    address: str,
+    cuda: bool | None,
+) -> WeightUpdater:
+    """The updater of ``transport`` (checked), before its deadlines are set."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if transport == "auto":
         transport = "vllm" if vllm_engines and cuda else "object_store"

@@ -54,8 +54,10 @@ class VLLMFileWeightUpdater(WeightUpdater):
         state = {name: tensor.detach().cpu() for name, tensor in as_state_dict(weights).items()}
         checksum = weights_checksum(state)
         pairs = ray.put(list(state.items()))
-        ray.get([engine.load_weights.remote(pairs, version, checksum) for engine in self.engines])
-        ray.get([front.set_version.remote(version) for front in self.fronts])
+        loads = [engine.load_weights.remote(pairs, version, checksum) for engine in self.engines]
+        self._await(loads, version, "load_weights (file)", "loading")
+        stamps = [front.set_version.remote(version) for front in self.fronts]
+        self._await(stamps, version, "set_version", "stamping the version")
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return Delivery(nbytes, checksum, (checksum,) * len(self.engines))
 
@@ -155,7 +157,7 @@ class VLLMNCCLWeightUpdater(WeightUpdater):
 
     def _push(self, weights: Weights, version: int) -> Delivery:
         self.init_group()
-        ray = import_ray("Broadcasting weights to vLLM engine actors")
+        import_ray("Broadcasting weights to vLLM engine actors")
         nbytes = 0
         stream = torch.cuda.current_stream(self.device)
         entries = []
@@ -171,11 +173,13 @@ class VLLMNCCLWeightUpdater(WeightUpdater):
                 for engine in self.engines
             ]
             self._comm.broadcast(tensor, src=0, stream=stream)
-            ray.get(receives)
+            self._await(receives, version, f"update_weight_from_broadcast {name}", "loading")
             nbytes += tensor.numel() * tensor.element_size()
         torch.cuda.synchronize(self.device)
-        held = ray.get([engine.finish_broadcast_update.remote(version) for engine in self.engines])
-        ray.get([front.set_version.remote(version) for front in self.fronts])
+        finish = [engine.finish_broadcast_update.remote(version) for engine in self.engines]
+        held = self._await(finish, version, "finish_broadcast_update", "verifying")
+        stamps = [front.set_version.remote(version) for front in self.fronts]
+        self._await(stamps, version, "set_version", "stamping the version")
         return Delivery(nbytes, combine_entries(entries), tuple(held))
 
     def close(self) -> None:

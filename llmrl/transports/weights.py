@@ -33,9 +33,13 @@ from typing import Any
 
 import torch
 
+from llmrl.core.deadlines import Deadline, Hung, wait_for
+
 logger = logging.getLogger(__name__)
 
 StateDict = dict[str, torch.Tensor]
+PUSH_SETTING = "runtime.timeouts.weight_push_s"
+"""The config field that bounds a push (:attr:`WeightUpdater.push_timeout_s`)."""
 Weights = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
@@ -76,6 +80,10 @@ class WeightUpdater(ABC):
 
     needs_weights = True
     """False for updaters whose weights live elsewhere (trainer ranks send their own)."""
+    push_timeout_s: float = 600.0
+    """How long one push (and one :meth:`restore`) may wait for the engines before it raises
+    :class:`~llmrl.core.deadlines.CallTimeout` naming the engine, the version and the phase
+    (``runtime.timeouts.weight_push_s`` in the GRPO runtime)."""
 
     def __init__(self, source: Weights | None = None) -> None:
         self.source = source
@@ -90,7 +98,11 @@ class WeightUpdater(ABC):
             raise ValueError(f"{type(self).__name__}.push needs weights (or a source= model)")
         version = self.version + 1 if version is None else int(version)
         start = time.perf_counter()
-        delivery = self._push(weights, version)
+        self._deadline: Deadline | None = Deadline(self.push_timeout_s)
+        try:
+            delivery = self._push(weights, version)
+        finally:
+            self._deadline = None  # a restore between pushes gets a deadline of its own
         stats = WeightSyncStats(
             time.perf_counter() - start,
             int(delivery.bytes),
@@ -117,6 +129,17 @@ class WeightUpdater(ABC):
         """Put the inference actor ``new`` in the place of ``old`` (a dead one) with the last
         pushed weights; False when this updater has no way to (the default), True when done."""
         return False
+
+    def _await(
+        self, refs: list[Any], version: int, call: str, phase: str, role: str = "inference engine"
+    ) -> list[Any]:
+        """The results of ``refs`` (one call per engine, in engine order) within what is left
+        of this push's deadline (outside a push: :attr:`push_timeout_s` from now);
+        :class:`~llmrl.core.deadlines.CallTimeout` naming the first engine still busy
+        otherwise."""
+        hung = Hung(role=role, call=call, phase=phase, version=version, setting=PUSH_SETTING)
+        deadline = getattr(self, "_deadline", None) or Deadline(self.push_timeout_s)
+        return wait_for(refs, deadline, hung.each(range(len(refs))))
 
 
 class VersionOnlyUpdater(WeightUpdater):

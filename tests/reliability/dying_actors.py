@@ -39,6 +39,10 @@ class KillSwitch:
         if call != self.at_call or done >= self.times:
             return
         (Path(self.directory) / f"{self.name}-{done}").write_text(str(os.getpid()))
+        self.fire()
+
+    def fire(self) -> None:
+        """What happens when due: this process dies (SIGKILL)."""
         os.kill(os.getpid(), signal.SIGKILL)
 
 
