@@ -1,8 +1,8 @@
 """No silent hangs, on a local 2-CPU Ray with the tiny model (issue 42, item 3).
 
 An inference engine stuck in ``load_weights`` during a push, an env worker whose ``collect``
-never returns, an engine whose ``generate`` never returns, and an engine that never joins the
-weight broadcast group: each wait ends within its deadline (``runtime.timeouts``) plus
+never returns, an engine whose ``generate`` never returns, an engine that never joins the
+weight broadcast group, and a trainer rank that never answers the driver's push: each wait ends within its deadline (``runtime.timeouts``) plus
 :data:`MARGIN_S`, with a :class:`~llmrl.core.deadlines.CallTimeout` naming the role, the index,
 the phase, the version and the round. A hung engine or env worker is killed and rebuilt while
 its slot has restarts left (the push or the batch then completes, nothing lost); with none left
@@ -228,3 +228,30 @@ def test_an_engine_that_never_joins_the_broadcast_group_is_named(local_ray):
         "runtime.collective_timeout_s); rank(s) 2 did not join; rank r of the group is "
         "inference engine r - 1"
     )
+
+
+class Sleeper:
+    """A trainer rank stand-in whose call never returns."""
+
+    def push_weights(self, version: int) -> None:
+        time.sleep(3600)
+
+
+def test_a_trainer_rank_that_never_answers_a_push_stops_the_ranks_naming_it(local_ray):
+    from llmrl.runtime.trainer_group import TrainerGroup
+
+    group = TrainerGroup.__new__(TrainerGroup)  # the driver's wait alone, over one stand-in
+    group.ranks = [ray.remote(Sleeper).options(num_cpus=0).remote()]
+    call = group.ranks[0].push_weights.remote(4)
+
+    error, seconds = timed(group._wait, [call], "push_weights", [0], False, (2.0, 4))
+
+    assert isinstance(error, CallTimeout), error
+    assert 2.0 <= seconds <= 2.0 + MARGIN_S
+    assert str(error) == (
+        "trainer rank 0 hung: push_weights did not return within 2 s (version 4; bounded by "
+        "runtime.timeouts.weight_push_s + runtime.collective_timeout_s); the ranks were "
+        "stopped; re-run to resume"
+    )
+    with pytest.raises(ray.exceptions.RayActorError):  # killed with the group
+        ray.get(call, timeout=30)
