@@ -27,6 +27,7 @@ async throughput = sync step / async step (steps per second) >= 1.3x.
 
     python benchmarks/runtime.py
     python benchmarks/runtime.py --reps 5 --steps-per-rep 4 --async-threads 2
+    python benchmarks/runtime.py --partial   # partial rollouts against async without
 
 ``--steps-per-rep`` must be at least 2 (the first step of a request is its warm-up).
 """
@@ -56,7 +57,7 @@ PHASES = ("generation", "loss forward", "backward", "optimizer", "weight sync")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    grpo_arguments(parser, prompts=4, new_tokens=32)
+    grpo_arguments(parser, prompts=4, new_tokens=None)
     parser.add_argument("--reps", type=int, default=3, help="timed requests per contender")
     parser.add_argument("--steps-per-rep", type=int, default=3, help="GRPO steps per request")
     parser.add_argument(
@@ -69,11 +70,37 @@ def main() -> None:
         help="torch threads of the async runtime's engine and of its rank (they run at the same "
         "time: one core each on 2 cores)",
     )
-    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=None, help="default 1; --partial 3")
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="instead: async with partial rollouts against async without, on skewed lengths "
+        "(benchmarks/partial_rollouts.py; --new-tokens defaults to 128 there)",
+    )
+    parser.add_argument(
+        "--eos-prob",
+        type=float,
+        default=0.025,
+        help="--partial: sample with the ending model at this EOS rate (0: with --model)",
+    )
+    parser.add_argument("--ending-layers", type=int, default=16, help="--partial: its layers")
     args = parser.parse_args()
     if args.steps_per_rep < 2:
         parser.error("--steps-per-rep must be >= 2 (a request's first step is not steady state)")
 
+    if args.partial:
+        from partial_rollouts import compare, ending_model_folder
+
+        args.max_staleness = 3 if args.max_staleness is None else args.max_staleness
+        args.new_tokens = 128 if args.new_tokens is None else args.new_tokens
+        # every train problem (each env worker keeps twice its share of prompts in flight)
+        options = {**grpo_options(args, rows=None), "steps_per_rep": args.steps_per_rep}
+        if args.eos_prob:
+            options["model"] = ending_model_folder(args.eos_prob, args.ending_layers)
+        compare({**options, "max_train_rows": None}, args)
+        return
+    args.max_staleness = 1 if args.max_staleness is None else args.max_staleness
+    args.new_tokens = 32 if args.new_tokens is None else args.new_tokens
     options = {**grpo_options(args, rows=args.prompts), "steps_per_rep": args.steps_per_rep}
     runtime = {**options, "kind": "grpo_runtime", "max_staleness": args.max_staleness}
     specs = [

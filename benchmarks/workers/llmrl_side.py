@@ -14,8 +14,8 @@ Kinds (``options["kind"]``):
 * ``skewed_training``: the training phase of one GRPO step (loss forward, backward, AdamW) on
   the skewed-lengths batch of ``benchmarks/skewed.py``, packed or padded (``packing``).
 * ``grpo_runtime``: ``steps_per_rep`` steps of :class:`llmrl.runtime.GRPORuntime` (the stage's
-  own path: engine, env workers and trainer rank as Ray actors), ``mode`` sync or async, on a
-  local Ray started for each request.
+  own path: engine, env workers and trainer rank as Ray actors), ``mode`` sync or async (with
+  ``partial_rollouts`` or not), on a local Ray started for each request.
 
 ``grpo_step``, ``overhead`` and ``learning`` time the per-rank algorithm
 (:class:`~llmrl.train.grpo_trainer.GRPOTrainer`) with an in-process sampler sharing the trained
@@ -211,11 +211,14 @@ def _grpo_runtime(options: dict[str, Any], info: dict[str, Any]):
     from llmrl.topology import Topology
 
     config = _config(
-        {**options, "max_train_rows": options["prompts"]},
+        {**options, "max_train_rows": options.get("max_train_rows", options["prompts"])},
         mode=options["mode"],
         max_staleness=options.get("max_staleness", 1),
         topology=Topology.local_default(),
-        runtime={"torch_threads": options["threads"]},
+        runtime={
+            "torch_threads": options["threads"],
+            "partial_rollouts": options.get("partial_rollouts", False),
+        },
     )
     topology = resolve_topology(config)
     steps = options.get("steps_per_rep", 1)
@@ -261,7 +264,11 @@ def _step_result(all_metrics: list[dict[str, Any]], walls: list[float]) -> dict[
         "weight sync": mean("weight_sync_seconds"),
     }
     phases["other"] = step_seconds - sum(phases.values())
+    resumed = all_metrics[-1].get("collector/resumed_rows", 0.0)
     return {
+        # the trainer waits for a batch, and for the push to reach the engines between batches
+        "idle_seconds": phases["generation"] + phases["weight sync"],
+        "resumed_rows": resumed / len(all_metrics),
         "steps": len(all_metrics),
         "step_seconds": step_seconds,
         "tokens": mean("response_tokens"),

@@ -13,11 +13,14 @@ batch is drawn with one version, which every row records in ``policy_version``.
 
 **Partial rollouts** (:mod:`llmrl.collectors.partial_rollouts`) carry replies in flight from
 one batch into the next, across pushes: a row's ``policy_version`` is then its *oldest* token's,
-and the bound above no longer holds by construction. Each batch is therefore checked when the
-trainer takes it: a group holding a row more than ``max_staleness`` versions behind the
-trainer's weights is refused whole (its G rows; ``collector/stale_groups_refused``,
-``collector/stale_rows_refused``), so the step trains on the other groups. Without partial
-rollouts the check never refuses anything.
+and the bound above no longer holds by construction. Sampling then runs only ``lead`` batches
+ahead (1: one batch collected while the trainer trains), which leaves ``max_staleness - lead``
+versions for replies carried over, and each batch is checked when the trainer takes it: a
+group holding a row more than ``max_staleness`` versions behind the trainer's weights is
+refused whole (its G rows; ``collector/stale_groups_refused``, ``collector/stale_rows_refused``),
+so the step trains on the other groups; a batch refused whole is replaced by the next one (as
+an extra batch). The check is on with ``refuse_stale`` (the runtime sets it with partial
+rollouts).
 
 **Extra batches.** A step may take more than one batch (dynamic sampling's resample rounds,
 :class:`~llmrl.collectors.DynamicSampler`): :meth:`AsyncRollouts.allow_extra_batch` lets the
@@ -50,6 +53,11 @@ class AsyncRollouts:
     Args:
         collector: any collector (its ``update_policy_weights_`` pushes the weights).
         max_staleness: how many versions a sample may lag behind the trainer's weights.
+        lead: how many batches sampling may run ahead of training (default ``max_staleness``;
+            partial rollouts: 1, see the module docstring).
+        refuse_stale: check each batch against the bound and refuse the groups beyond it
+            (partial rollouts; multi-turn trajectories in flight across a push keep their
+            earlier turns' versions and are not refused without it).
 
     Example:
         rollouts = AsyncRollouts(collector, max_staleness=1)
@@ -59,11 +67,20 @@ class AsyncRollouts:
         rollouts.shutdown()
     """
 
-    def __init__(self, collector: Any, max_staleness: int = 1) -> None:
+    def __init__(
+        self,
+        collector: Any,
+        max_staleness: int = 1,
+        lead: int | None = None,
+        refuse_stale: bool = False,
+    ) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        lead = max_staleness if lead is None else lead
+        if not 0 <= lead <= max_staleness:
+            raise ValueError(f"lead must be in [0, max_staleness={max_staleness}], got {lead}")
         self.collector = collector
-        self.max_staleness = max_staleness
+        self.max_staleness, self.lead, self.refuse_stale = max_staleness, lead, refuse_stale
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # one of: collecting a batch, pushing weights
         self._versions = threading.Condition()
@@ -79,7 +96,7 @@ class AsyncRollouts:
         return self.collector.policy_version
 
     def _may_start(self, batch: int) -> bool:
-        needed = self._start_version + batch - 1 - self._extra_batches - self.max_staleness
+        needed = self._start_version + batch - 1 - self._extra_batches - self.lead
         return self._stop.is_set() or self.collector.policy_version >= needed
 
     def _run(self) -> None:
@@ -113,13 +130,17 @@ class AsyncRollouts:
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield self._refuse_stale(item)
+            batch = self._refuse_stale(item)
+            if batch.batch_size[0] == 0 < item.batch_size[0]:  # all refused: take the next
+                self.allow_extra_batch()
+                continue
+            yield batch
 
     def _refuse_stale(self, batch: TensorDictBase) -> TensorDictBase:
         """``batch`` without the groups that hold a row beyond the staleness bound of the
         weights that train on it (the engines' version now: the trainer's)."""
         keys = batch.keys()
-        if "policy_version" not in keys or "group_id" not in keys:
+        if not self.refuse_stale or "policy_version" not in keys or "group_id" not in keys:
             return batch
         floor = self.policy_version - self.max_staleness
         versions = batch.get("policy_version").reshape(-1)

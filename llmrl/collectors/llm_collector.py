@@ -134,8 +134,10 @@ class TrajectoryRunner:
         if primer is not None and state.get("primer") is not None:
             primer.load_state_dict(state["primer"])
 
-    def step(self) -> StepResult:
-        """One policy reply for every row in progress (resetting the env first if none is)."""
+    def step(self, rows_wanted: int | None = None) -> StepResult:
+        """One policy reply for every row in progress (resetting the env first if none is).
+        ``rows_wanted``: how many finished rows the caller still needs (a runner that can
+        return early uses it; this one replies to every row)."""
         if self.state is None:
             if self.exhausted:
                 return StepResult()

@@ -18,8 +18,10 @@ Versions: every reply gets ``token_versions`` (``[L]``, the version that sampled
 and ``policy_version`` = its *oldest* token's version, so the staleness bound
 (:class:`~llmrl.collectors.AsyncRollouts`, which refuses groups beyond it) counts a sample's
 oldest token. The loss needs nothing more: it already takes each token's own sampling log-prob.
-A reply whose prefix is already more than ``max_staleness`` versions behind the engine is
-restarted from its prompt (its tokens could only be refused later): ``restarted_rows``.
+A reply whose oldest token is already more than ``max_age`` versions behind the engine is
+restarted from its prompt (its tokens could only be refused later): ``restarted_rows``. With
+sampling one batch ahead of training (``AsyncRollouts(lead=1)``) a batch is trained one version
+after the engine sampled its last tokens, so the runtime sets ``max_age = max_staleness - 1``.
 
 Single-turn episodes only (each reply ends its trajectory); the stage refuses partial rollouts
 with tools. A checkpoint keeps the dataset position, not the replies in flight: after a resume
@@ -36,10 +38,19 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl.collectors.llm_collector import StepResult, Trajectory, TrajectoryRunner
-from llmrl.policies.segments import EMPTY, PARTIAL_KEY, Prefix, attach_prefixes
+from llmrl.policies.segments import (
+    EMPTY,
+    PARTIAL_KEY,
+    RETURN_AFTER_GROUPS,
+    Prefix,
+    attach_prefixes,
+)
 
 if TYPE_CHECKING:
     from llmrl.envs.chat_env import ChatEnv
+
+POOL_RESETS = 2
+"""Env resets' worth of rows an env worker keeps in flight (see :class:`PartialRolloutRunner`)."""
 
 TOKEN_VERSIONS = "token_versions"
 """Per reply, ``[L]``: the policy version that sampled each of its tokens."""
@@ -53,7 +64,10 @@ class PartialRolloutRunner(TrajectoryRunner):
             ``policy`` must be segmented and stamp ``policy_version`` on its replies.
         group_size: replies per prompt (the env's ``repeats``): a group is released when all
             of them ended.
-        max_staleness: replies whose oldest token is further behind the engine are restarted.
+        max_age: replies whose oldest token is further behind the engine are restarted.
+        pool_resets: env resets' worth of rows kept in flight. With 2, a call holds twice the
+            groups its caller needs and returns once the first of them ended; the others
+            carry over with their head start (1: the call waits for every group it holds).
         group_key, version_key: where rows carry their group id and their reply's version.
     """
 
@@ -63,20 +77,23 @@ class PartialRolloutRunner(TrajectoryRunner):
         policy: Callable[[TensorDictBase], TensorDictBase],
         *,
         group_size: int,
-        max_staleness: int,
+        max_age: int,
+        pool_resets: int = POOL_RESETS,
         traj_id_start: int = 0,
         traj_id_step: int = 1,
         group_key: str = "group_id",
         version_key: str = "policy_version",
     ) -> None:
         super().__init__(env, policy, traj_id_start, traj_id_step, keep_trajectories=True)
+        self.caller_id = traj_id_start  # env worker i starts its ids at i: unique per worker
         self.group_size = group_size
-        self.max_staleness = max_staleness
+        self.max_age = max_age
         self.group_key, self.version_key = group_key, version_key
         self.stats = {"resumed_rows": 0, "restarted_rows": 0, "segments": 0}
         self._replies: dict[int, tuple[Prefix, torch.Tensor]] = {}  # traj id -> prefix, versions
         self._groups: dict[int, list[Trajectory]] = {}  # group id -> its ended replies
-        self._fresh_rows = 0  # rows an env reset draws (the pool is kept at least that full)
+        self.pool_resets = pool_resets
+        self._fresh_rows = 0  # rows an env reset draws
 
     @property
     def waiting(self) -> int:
@@ -88,9 +105,11 @@ class PartialRolloutRunner(TrajectoryRunner):
         super().reset()
         self._replies, self._groups = {}, {}
 
-    def step(self) -> StepResult:
+    def step(self, rows_wanted: int | None = None) -> StepResult:
         """One segment for every row in the pool (topped up with fresh prompts first); the
-        groups whose last reply ended in it, as finished trajectories."""
+        groups whose last reply ended in it, as finished trajectories. ``rows_wanted``: the
+        rows the caller still needs; the policy may return as soon as that many groups ended
+        (:mod:`llmrl.policies.segments`, "Returning early")."""
         self._top_up()
         state = self.state
         if state is None:
@@ -99,7 +118,12 @@ class PartialRolloutRunner(TrajectoryRunner):
         prefixes = [self._replies.get(traj, (EMPTY, None))[0] for traj in ids]
         self.stats["resumed_rows"] += sum(len(p) > 0 for p in prefixes)
         self.stats["segments"] += 1
-        out = self.policy(attach_prefixes(state, prefixes))
+        request = attach_prefixes(state, prefixes)
+        if rows_wanted is not None:
+            groups = -(-max(rows_wanted, 1) // self.group_size)
+            wanted = torch.tensor([[self.caller_id, groups]]).expand(len(ids), 2)
+            request.set(RETURN_AFTER_GROUPS, wanted.clone())
+        out = self.policy(request)
         if PARTIAL_KEY not in out.keys():  # noqa: SIM118
             raise ValueError(
                 "partial rollouts need a segmented policy (built with segment_tokens): its "
@@ -117,17 +141,15 @@ class PartialRolloutRunner(TrajectoryRunner):
         return result
 
     def _top_up(self) -> None:
-        """Draw fresh prompts while fewer rows than one env reset's are in flight."""
-        if self.exhausted or (self.state is not None and self.in_flight >= self._fresh_rows):
-            return
-        carried = self.state
-        self.state = None  # super().step() resets the env when no state is in flight
-        fresh = self._reset_env()
-        if fresh is None:
-            self.state = carried
-            return
-        self._fresh_rows = fresh.batch_size[0]
-        self.state = fresh if carried is None else torch.cat([carried, fresh])
+        """Draw fresh prompts while fewer rows than ``pool_resets`` env resets' are in flight."""
+        while not self.exhausted and (
+            self.state is None or self.in_flight < self.pool_resets * self._fresh_rows
+        ):
+            fresh = self._reset_env()
+            if fresh is None:
+                return
+            self._fresh_rows = fresh.batch_size[0]
+            self.state = fresh if self.state is None else torch.cat([self.state, fresh])
 
     def _reset_env(self) -> TensorDictBase | None:
         """A fresh batch of prompts with their trajectory ids (None: the dataset ran out)."""
@@ -200,7 +222,7 @@ class PartialRolloutRunner(TrajectoryRunner):
         tokens = out.get("tokens").as_list("response")
         log_probs = out.get("log_probs").as_list("response")
         for row in rows:
-            if int(versions[row].min()) < newest - self.max_staleness:
+            if int(versions[row].min()) < newest - self.max_age:
                 self._replies.pop(ids[row], None)
                 self.stats["restarted_rows"] += 1
                 continue
@@ -208,16 +230,12 @@ class PartialRolloutRunner(TrajectoryRunner):
             self._replies[ids[row]] = (prefix, versions[row])
 
 
-def partial_runner_factory(
-    group_size: int, max_staleness: int
-) -> Callable[..., PartialRolloutRunner]:
+def partial_runner_factory(group_size: int, max_age: int) -> Callable[..., PartialRolloutRunner]:
     """``factory(env, policy, traj_id_start=, traj_id_step=, keep_trajectories=)`` -> a
     :class:`PartialRolloutRunner`: what an env worker builds its runner with."""
 
     def build(env: ChatEnv, policy: Any, **kwargs: Any) -> PartialRolloutRunner:
         kwargs.pop("keep_trajectories", None)
-        return PartialRolloutRunner(
-            env, policy, group_size=group_size, max_staleness=max_staleness, **kwargs
-        )
+        return PartialRolloutRunner(env, policy, group_size=group_size, max_age=max_age, **kwargs)
 
     return build

@@ -297,7 +297,7 @@ class EnvWorker:
         info: dict[str, Any] = {}
         while ready < n_turns and not self._exhausted():
             try:
-                result = self.runner.step()
+                result = self.runner.step(rows_wanted=n_turns - ready)
             except Exception as error:
                 hung = isinstance(error, CallTimeout) and cause_of(error) is error
                 if not (hung or is_actor_death(error)):

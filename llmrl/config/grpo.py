@@ -301,6 +301,9 @@ class GRPOConfig(StageConfig):
                 "advantage.kl_in_reward_coeff > 0 needs the reference model's log-probs; set "
                 "`reference: true` (with topology.reference.placement: dedicated)"
             )
+        problems = _partial_rollout_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         if self.loss.distillation is not None and self.advantage.drop_zero_std:
             raise ValueError(
                 "advantage.drop_zero_std drops groups whose task rewards are all equal, but "
@@ -318,6 +321,32 @@ class GRPOConfig(StageConfig):
             if problems:
                 raise ValueError("\n".join(problems))
         return self
+
+
+def _partial_rollout_problems(config: GRPOConfig) -> list[str]:
+    """Why ``runtime.partial_rollouts`` cannot run with the rest of ``config``."""
+    runtime = config.runtime
+    if not runtime.partial_rollouts:
+        return []
+    problems = []
+    if config.mode != "async" or config.max_staleness < 2:
+        problems.append(
+            "runtime.partial_rollouts: sampling runs one batch ahead, and a reply carried into "
+            "a later batch is older still; needs mode: async with max_staleness >= 2 (got mode "
+            f"{config.mode!r}, max_staleness {config.max_staleness})"
+        )
+    if config.tools.enabled:
+        problems.append(
+            "runtime.partial_rollouts: runs single-turn episodes; set tools off (or "
+            "partial_rollouts: false)"
+        )
+    budget = config.generation.max_new_tokens
+    if runtime.segment_tokens is not None and runtime.segment_tokens >= budget:
+        problems.append(
+            f"runtime.segment_tokens: {runtime.segment_tokens} >= generation.max_new_tokens "
+            f"{budget}: every reply would end in its first segment; set it below the budget"
+        )
+    return problems
 
 
 def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:

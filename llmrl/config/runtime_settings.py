@@ -128,10 +128,16 @@ class RuntimeSettings(ConfigModel):
     segment_tokens: int | None = Field(
         None,
         ge=1,
-        description="partial rollouts: new tokens per row and engine call; None: a quarter of "
-        "generation.max_new_tokens (rounded up). Each segment prefills prompt + reply so far",
+        description="partial rollouts: at most this many new tokens per row and engine call "
+        "(each call prefills prompt + reply so far again); None: none for transformers "
+        "engines, whose calls return as soon as the env workers have their groups, a quarter "
+        "of generation.max_new_tokens (rounded up) for vLLM engines, which cannot return "
+        "early but whose prefix cache serves the re-prefills",
     )
 
-    def segment_length(self, max_new_tokens: int) -> int:
-        """The segment of partial rollouts for a budget of ``max_new_tokens``."""
-        return self.segment_tokens or -(-max_new_tokens // 4)
+    def segment_length(self, max_new_tokens: int, backend: str) -> int | None:
+        """The segment cap of partial rollouts for a budget of ``max_new_tokens`` on
+        ``backend``'s engines (None: no cap; see ``segment_tokens``)."""
+        if self.segment_tokens is not None:
+            return self.segment_tokens
+        return None if backend == "transformers" else -(-max_new_tokens // 4)

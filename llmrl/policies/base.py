@@ -47,9 +47,10 @@ from llmrl.policies.policy_outputs import write_outputs
 from llmrl.policies.segments import (
     EMPTY,
     PARTIAL_KEY,
-    RESUME_KEYS,
+    REQUEST_KEYS,
     align_prefixes,
     continuation_prompts,
+    early_return,
     join_segments,
     read_prefixes,
     segment_config,
@@ -227,10 +228,10 @@ class LLMWrapperBase(ABC):
         spec = self.io_spec
         inputs = read_inputs(spec, batch)
         if spec.generate:
-            samples, partial = self._sample_replies(inputs.prompt_tokens, read_prefixes(batch))
+            samples, partial = self._sample_replies(inputs.prompt_tokens, batch)
             out = write_outputs(spec, batch, inputs, samples=samples)
             if partial is not None:
-                out = out.exclude(*RESUME_KEYS).set(PARTIAL_KEY, torch.tensor(partial))
+                out = out.exclude(*REQUEST_KEYS).set(PARTIAL_KEY, torch.tensor(partial))
         else:
             responses_only = (
                 self.score_responses_only
@@ -246,17 +247,27 @@ class LLMWrapperBase(ABC):
             out = write_outputs(spec, batch, inputs, scores=scores)
         return out[0] if single else out
 
+    supports_early_return = False
+    """Whether :meth:`_generate` takes ``stop`` (a backend that can return between decode
+    steps; :mod:`llmrl.policies.segments`)."""
+
     def _sample_replies(
-        self, prompts: list[torch.Tensor], prefixes: list | None
+        self, prompts: list[torch.Tensor], batch: TensorDictBase
     ) -> tuple[list[GeneratedSample], list[bool] | None]:
-        """Whole replies; or, segmented (``segment_tokens`` set, or prefixes attached), the next
-        segment of each row's reply joined to its prefix, and which rows go on."""
-        config = self.generate_kwargs
+        """Whole replies; or, segmented (``segment_tokens`` set, or prefixes attached to
+        ``batch``), the next segment of each row's reply joined to its prefix, and which rows
+        go on."""
+        config, prefixes = self.generate_kwargs, read_prefixes(batch)
         if self.segment_tokens is None and prefixes is None:
             return self._generate(prompts, config), None
         prefixes = prefixes or [EMPTY] * len(prompts)
         segment = segment_config(config, prefixes, self.segment_tokens or config.max_new_tokens)
-        samples = self._generate(continuation_prompts(prompts, prefixes), segment)
+        continued = continuation_prompts(prompts, prefixes)
+        stop = early_return(batch) if self.supports_early_return else None
+        if stop is not None:
+            samples = self._generate(continued, segment, stop=stop)
+        else:
+            samples = self._generate(continued, segment)
         return join_segments(prefixes, samples, config.max_new_tokens)
 
     def get_new_version(self, **changes: Any) -> LLMWrapperBase:

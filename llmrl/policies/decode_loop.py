@@ -21,6 +21,7 @@ leaves the global CPU and CUDA generators alone); without one the draws use the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -94,14 +95,16 @@ def decode(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     share_prefix: bool = False,
+    stop: Callable[[torch.Tensor], bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample up to ``config.max_new_tokens`` after each left-padded prompt row, drawing from
     ``generator`` (None: the global generator). ``share_prefix``: prefill the token prefix that
     all rows share once (:func:`~llmrl.policies.prompt_cache.common_prefix_cache`), else each
-    distinct row once.
+    distinct row once. ``stop(ended)``, asked after each step with the ``[N]`` rows that ended
+    so far: true returns now, the rows still going cut where they are.
 
-    Returns ``[N, T]`` generated ids (``pad_token_id`` after a row's end token) and the
-    log-prob of each under the raw logits (0 where padded).
+    Returns ``[N, T]`` generated ids (``pad_token_id`` after a row's end token; ``T``: the
+    steps run) and the log-prob of each under the raw logits (0 where padded).
     """
     rows, steps = len(input_ids), config.max_new_tokens
     device = input_ids.device
@@ -117,6 +120,7 @@ def decode(
     current = input_ids[:, -1:]
     eos = torch.tensor(sorted(eos_token_ids), device=device)
     live = torch.arange(rows, device=device)  # the original row of each row still decoding
+    done = torch.zeros(rows, dtype=torch.bool, device=device)  # rows that ended (for stop)
     tokens = torch.full((rows, steps), pad_token_id, dtype=input_ids.dtype, device=device)
     log_probs = torch.zeros(rows, steps, device=device)
     for step in range(steps):
@@ -137,6 +141,10 @@ def decode(
         ended = torch.isin(chosen, eos)
         if ended.all() or step == steps - 1:
             break
+        if stop is not None:
+            done[live[ended]] = True
+            if stop(done):
+                return tokens[:, : step + 1], log_probs[:, : step + 1]
         if ended.any():  # drop finished rows: every later step computes only the live ones
             keep = (~ended).nonzero().squeeze(-1)
             live, chosen, mask, positions = live[keep], chosen[keep], mask[keep], positions[keep]

@@ -15,6 +15,15 @@ for the longest reply in flight.
 
 Keys a caller attaches (padded with 0 after each row's ``resume_length``):
 ``resume_tokens`` ``[B, P]``, ``resume_log_probs`` ``[B, P]``, ``resume_length`` ``[B]``.
+
+**Returning early.** A caller that needs only some whole groups (rows sharing a ``group_id``)
+attaches ``return_after_groups`` ``[B, 2]``: (its caller id, how many groups it wants). A
+backend that can stop between decode steps (the transformers decode loop) then returns as soon
+as every caller of the call has that many groups whose rows in the call all ended; the other
+rows come back ``partial``. A reply is then cut only when its caller has what it needs, so it
+is prefilled again once per batch it spans rather than once per segment: what segments cost on
+an engine that keeps no KV cache between calls. A backend that cannot (vLLM's ``generate``)
+ignores it and relies on ``segment_tokens``, whose re-prefills its prefix cache serves.
 """
 
 from __future__ import annotations
@@ -31,6 +40,10 @@ RESUME_TOKENS = "resume_tokens"
 RESUME_LOG_PROBS = "resume_log_probs"
 RESUME_LENGTH = "resume_length"
 RESUME_KEYS = (RESUME_TOKENS, RESUME_LOG_PROBS, RESUME_LENGTH)
+RETURN_AFTER_GROUPS = "return_after_groups"
+"""``[B, 2]`` long: (caller id, whole groups it wants); see the module docstring."""
+REQUEST_KEYS = (*RESUME_KEYS, RETURN_AFTER_GROUPS)
+"""What a caller attaches and the policy's output drops."""
 PARTIAL_KEY = "partial"
 """``[B]`` bool in a segmented policy's output: the row's reply goes on in another call."""
 
@@ -86,7 +99,8 @@ def segment_config(
     config: GenerationKwargs, prefixes: list[Prefix], segment_tokens: int
 ) -> GenerationKwargs:
     """The settings of one segment: at most ``segment_tokens`` new tokens, and never more than
-    the longest remaining budget (``max_new_tokens`` minus the shortest prefix)."""
+    the longest remaining budget (``max_new_tokens`` minus the shortest prefix); a seeded
+    call resuming replies draws with a seed moved by the tokens it resumes."""
     if config.num_return_sequences != 1:
         raise ValueError(
             "segmented sampling continues each row's own reply; it samples one response per "
@@ -96,7 +110,13 @@ def segment_config(
     shortest = min((len(p) for p in prefixes), default=0)
     if shortest >= budget:
         raise ValueError(f"a resumed reply already holds {shortest} >= {budget} tokens")
-    return config.replace(max_new_tokens=min(segment_tokens, budget - shortest))
+    segment = config.replace(max_new_tokens=min(segment_tokens, budget - shortest))
+    resumed = sum(len(p) for p in prefixes)
+    if config.seed is None or not resumed:
+        return segment
+    # a seeded call draws from a generator of its own: without this, every segment of a
+    # resumed reply would reuse the first segment's uniforms
+    return segment.replace(seed=(config.seed * 1_000_003 + resumed) % 2**63)
 
 
 def continuation_prompts(prompts: list[torch.Tensor], prefixes: list[Prefix]) -> list[torch.Tensor]:
@@ -132,14 +152,57 @@ def join_segments(
 
 def align_prefixes(requests: list[TensorDictBase]) -> list[TensorDictBase]:
     """Requests of several callers made concatenable: when any carries prefixes, every one
-    does (empty where it had none), padded to one width."""
+    does (empty where it had none), padded to one width; when any wants groups, every one
+    says so (none wanted where it did not)."""
     if not any(RESUME_LENGTH in r.keys() for r in requests):  # noqa: SIM118
         return requests
     readable = [r.unsqueeze(0) if r.batch_dims == 0 else r for r in requests]
     prefixes = [read_prefixes(r) or [EMPTY] * r.batch_size[0] for r in readable]
     width = max((len(p) for rows in prefixes for p in rows), default=0)
+    wanting = any(RETURN_AFTER_GROUPS in r.keys() for r in readable)  # noqa: SIM118
     aligned = []
     for request, rows, original in zip(readable, prefixes, requests, strict=True):
         attached = attach_prefixes(request.exclude(*RESUME_KEYS), rows, width=width)
+        if wanting and RETURN_AFTER_GROUPS not in attached.keys():  # noqa: SIM118
+            attached.set(RETURN_AFTER_GROUPS, torch.tensor([[-1, 0]]).expand(len(rows), 2))
         aligned.append(attached[0] if original.batch_dims == 0 else attached)
     return aligned
+
+
+class GroupsEnded:
+    """The early-return rule of a call: true once every caller has its wanted number of groups
+    whose rows in the call all ended (see the module docstring).
+
+    Args:
+        callers, groups: ``[N]`` each row's caller id and group id.
+        wanted: whole groups each caller wants.
+    """
+
+    def __init__(self, callers: torch.Tensor, groups: torch.Tensor, wanted: dict[int, int]) -> None:
+        self.wanted = {caller: want for caller, want in wanted.items() if want > 0}
+        self.rows = {caller: callers == caller for caller in self.wanted}
+        self.groups = groups
+
+    def __call__(self, ended: torch.Tensor) -> bool:
+        """Whether to return now, given which rows ended (``[N]`` bool)."""
+        ended = ended.cpu()
+        for caller, want in self.wanted.items():
+            rows = self.rows[caller]
+            groups, row_ended = self.groups[rows], ended[rows]
+            open_groups = groups[~row_ended].unique()
+            complete = groups.unique().numel() - open_groups.numel()
+            if complete < want:
+                return False
+        return True
+
+
+def early_return(td: TensorDictBase) -> GroupsEnded | None:
+    """The early-return rule ``td`` ``[B]`` asks for (None: return when every row is done)."""
+    if RETURN_AFTER_GROUPS not in td.keys() or "group_id" not in td.keys():  # noqa: SIM118
+        return None
+    asked = td.get(RETURN_AFTER_GROUPS).reshape(-1, 2)
+    callers = asked[:, 0]
+    wanted = {int(c): int(w) for c, w in zip(callers.tolist(), asked[:, 1].tolist(), strict=True)}
+    if not any(w > 0 for w in wanted.values()):
+        return None
+    return GroupsEnded(callers, td.get("group_id").reshape(-1), wanted)

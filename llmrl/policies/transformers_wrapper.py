@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,6 +84,8 @@ class TransformersWrapper(LLMWrapperBase):
     (:func:`~llmrl.policies.packing.packing_problem`); ``return_logits=True`` is always padded.
     """
 
+    supports_early_return = True  # the decode loop; the compiled decode and generate ignore it
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -137,7 +140,10 @@ class TransformersWrapper(LLMWrapperBase):
 
     @torch.no_grad()
     def _generate(
-        self, prompts: list[torch.Tensor], config: GenerationKwargs
+        self,
+        prompts: list[torch.Tensor],
+        config: GenerationKwargs,
+        stop: Callable[[torch.Tensor], bool] | None = None,
     ) -> list[GeneratedSample]:
         input_ids, attention_mask = pad_sequences(prompts, "left", self.pad_token_id)
         # A seed makes this call reproducible (same batch, same device) from a generator of its
@@ -145,7 +151,7 @@ class TransformersWrapper(LLMWrapperBase):
         generator = None
         if config.seed is not None:
             generator = torch.Generator(self.device).manual_seed(config.seed)
-        return self._sample(input_ids, attention_mask, config, generator)
+        return self._sample(input_ids, attention_mask, config, generator, stop)
 
     def _sample(
         self,
@@ -153,6 +159,7 @@ class TransformersWrapper(LLMWrapperBase):
         attention_mask: torch.Tensor,
         config: GenerationKwargs,
         generator: torch.Generator | None,
+        stop: Callable[[torch.Tensor], bool] | None = None,
     ) -> list[GeneratedSample]:
         # G samples per prompt as G rows (the order generate would use), so that every
         # distinct prompt is prefilled once and its KV cache shared by its rows.
@@ -174,6 +181,7 @@ class TransformersWrapper(LLMWrapperBase):
                 self.pad_token_id,
                 generator,
                 share_prefix=self.share_prompt_prefix,
+                stop=stop,
             )
         lengths, finished = self._response_lengths(generated, config)
         return [

@@ -44,8 +44,9 @@ class TransformersEngine:
         compile_decode: sample with the compiled static-KV decode
             (:mod:`llmrl.policies.static_decode`); None: on for a CUDA engine, off on a CPU.
         load_options: ``trust_remote_code`` / ``allow_pickled_weights`` (``ModelConfig``).
-        segment_tokens: partial rollouts' segment (:mod:`llmrl.policies.segments`); None:
-            whole replies.
+        partial_rollouts: serve replies in parts (:mod:`llmrl.policies.segments`): calls carry
+            the replies carried over besides a step's rows.
+        segment_tokens: partial rollouts' cap on new tokens per row and call (None: none).
     """
 
     model: str
@@ -58,6 +59,7 @@ class TransformersEngine:
     seed: int | None = None
     compile_decode: bool | None = None
     load_options: dict[str, bool] = field(default_factory=dict)
+    partial_rollouts: bool = False
     segment_tokens: int | None = None
 
     def __call__(self) -> Any:
@@ -76,7 +78,8 @@ class TransformersEngine:
             load_tokenizer(self.model, trust_remote_code=trust),
             generate_kwargs=self.generate_kwargs,
             compile_decode=self.compile_decode,
-            **batching(self.batch_rows, self.batching_timeout_s, self.segment_tokens),
+            **batching(self.batch_rows, self.batching_timeout_s, self.partial_rollouts),
+            segment_tokens=self.segment_tokens,
         )
 
 
@@ -89,6 +92,7 @@ class VLLMFrontend:
     generate_kwargs: dict[str, Any]
     batch_rows: int
     batching_timeout_s: float = 0.5
+    partial_rollouts: bool = False
     segment_tokens: int | None = None
 
     def __call__(self) -> Any:
@@ -99,19 +103,21 @@ class VLLMFrontend:
             self.engine,
             load_tokenizer(self.tokenizer),
             generate_kwargs=self.generate_kwargs,
-            **batching(self.batch_rows, self.batching_timeout_s, self.segment_tokens),
+            **batching(self.batch_rows, self.batching_timeout_s, self.partial_rollouts),
+            segment_tokens=self.segment_tokens,
         )
 
 
-def batching(batch_rows: int, timeout_s: float, segment_tokens: int | None) -> dict[str, Any]:
-    """An engine's request batching (and segment): one model call for a step's ``batch_rows``
-    rows. With partial rollouts a call also holds the replies carried over, up to as many
-    again (each env worker keeps at least one reset's rows in flight, and tops up below it)."""
+def batching(batch_rows: int, timeout_s: float, partial_rollouts: bool) -> dict[str, Any]:
+    """An engine's request batching: one model call for a step's ``batch_rows`` rows. With
+    partial rollouts each env worker keeps ``POOL_RESETS`` resets' rows in flight and tops up
+    below that, so a call holds up to ``POOL_RESETS + 1`` times as many."""
+    from llmrl.collectors.partial_rollouts import POOL_RESETS
+
     return {
         "min_batch_size": batch_rows,
-        "max_batch_size": batch_rows if segment_tokens is None else 2 * batch_rows,
+        "max_batch_size": (POOL_RESETS + 1) * batch_rows if partial_rollouts else batch_rows,
         "batching_timeout": timeout_s,
-        "segment_tokens": segment_tokens,
     }
 
 
@@ -137,13 +143,14 @@ def start_engines(
     seed: int | None = None,
     compile_decode: bool | None = None,
     load_options: dict[str, bool] | None = None,
+    partial_rollouts: bool = False,
     segment_tokens: int | None = None,
 ) -> EngineSet:
     """The engines of ``placement.specs.inference``: factories for the inference actors and,
     with vLLM, the ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine
     ``i`` samples with seed ``seed + i`` (None: unseeded); transformers engines use the
     compiled decode when ``compile_decode`` (None: the engines on a GPU do); with
-    ``segment_tokens`` they sample replies a segment at a time (partial rollouts)."""
+    ``partial_rollouts`` they serve replies in parts, at most ``segment_tokens`` at a time."""
     engines = placement.specs.inference
 
     def engine_seed(index: int) -> int | None:
@@ -162,6 +169,7 @@ def start_engines(
                 seed=engine_seed(index),
                 compile_decode=compile_decode,
                 load_options=dict(load_options or {}),
+                partial_rollouts=partial_rollouts,
                 segment_tokens=segment_tokens,
             )
             for index in range(engines.count)
@@ -186,6 +194,7 @@ def start_engines(
             generate_kwargs=generate_kwargs,
             batch_rows=batch_rows,
             batching_timeout_s=batching_timeout_s,
+            partial_rollouts=partial_rollouts,
             segment_tokens=segment_tokens,
         )
         for server in servers

@@ -13,7 +13,9 @@ Built from a :class:`~llmrl.config.grpo.GRPOConfig` and its :class:`~llmrl.topol
 - **model roles** (:mod:`llmrl.runtime.model_roles`): a judge and a reward model the env
   workers call for their rewards, a teacher scoring the trained rows in the driver;
 - **rollouts** (:class:`~llmrl.collectors.AsyncRollouts`): sampling runs in a background
-  thread, at most ``max_staleness`` versions ahead (0 in ``sync`` mode).
+  thread, at most ``max_staleness`` versions ahead (0 in ``sync`` mode); with
+  ``runtime.partial_rollouts`` replies are sampled a segment at a time and carried across
+  batches and pushes (:mod:`llmrl.collectors.partial_rollouts`).
 
 Its step is :func:`~llmrl.runtime.grpo_step.grpo_step` over the runtime's parts (the same
 function the in-process composition and the benchmarks call)::
@@ -181,11 +183,21 @@ class GRPORuntime:
             seed=config.seed,
             compile_decode=settings.compile_decode,
             load_options=config.model.load_options,
+            partial_rollouts=settings.partial_rollouts,
+            segment_tokens=self._segment_tokens(),
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
         self.vllm_engines = engines.vllm_engines
         """The ``VLLMEngine`` actors behind the inference actors (empty for transformers)."""
         return engines
+
+    def _segment_tokens(self) -> int | None:
+        """Partial rollouts' segment (None: off)."""
+        settings = self.config.runtime
+        if not settings.partial_rollouts:
+            return None
+        budget = self.config.generation.max_new_tokens
+        return settings.segment_length(budget, self.topology.inference.backend)
 
     def _start_model_roles(self, runtime_env: dict[str, Any] | None) -> None:
         """The teacher, judge and reward model the topology sets, on their bundles (or by
@@ -228,8 +240,19 @@ class GRPORuntime:
             runtime_env=runtime_env,
             max_actor_restarts=config.runtime.max_actor_restarts,
             timeouts=config.runtime.timeouts,
+            runner_factory=self._runner_factory(),
         )
         self._parts.append(self.collector.shutdown)
+
+    def _runner_factory(self) -> Any:
+        """With partial rollouts, the env workers' segment-at-a-time runner; else theirs."""
+        if not self.config.runtime.partial_rollouts:
+            return None
+        from llmrl.collectors.partial_rollouts import partial_runner_factory
+
+        # sampling runs one batch ahead (lead 1): a batch trains one version after its last
+        # tokens, so a reply may start max_staleness - 1 versions before the engine's
+        return partial_runner_factory(self.config.num_samples, self.config.max_staleness - 1)
 
     def _start_trainers(
         self, engines: EngineSet, resume_from: str | None, runtime_env: dict[str, Any] | None
@@ -281,7 +304,13 @@ class GRPORuntime:
         self.shaping = RewardShaper.from_config(config)  # reward_shaping, before the advantage
         self.audit = self._step_audit()
         staleness = 0 if config.mode == "sync" else config.max_staleness
-        self.rollouts = AsyncRollouts(self.collector, max_staleness=staleness)
+        partial = config.runtime.partial_rollouts
+        self.rollouts = AsyncRollouts(
+            self.collector,
+            max_staleness=staleness,
+            lead=1 if partial else None,  # the rest of the bound is for carried replies
+            refuse_stale=partial,
+        )
         self._parts.append(self.rollouts.shutdown)
         if state:
             self.rollouts.load_state_dict(state["collector"])
@@ -385,6 +414,8 @@ class GRPORuntime:
             "runtime.colocated": topology.colocated,
             "runtime.reference": topology.reference.placement if self.config.reference else "off",
             "runtime.max_staleness": self.rollouts.max_staleness,
+            "runtime.partial_rollouts": self.config.runtime.partial_rollouts,
+            "runtime.segment_tokens": self._segment_tokens() or "none",
             **{
                 f"runtime.{name}": spec.url or f"{spec.engines} {spec.backend} engine(s)"
                 for name, spec in topology.model_roles().items()

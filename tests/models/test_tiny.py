@@ -101,3 +101,25 @@ def test_default_tokenizer_is_smollm2(tokenizer) -> None:
     model = tiny_model(num_layers=1, hidden_size=16, num_heads=2, num_kv_heads=1)
     assert model.config.vocab_size == len(tokenizer)
     assert model.config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_an_ending_model_ends_its_replies_at_the_set_rate(tokenizer):
+    """Every step draws EOS with probability eos_prob, whatever came before: the first tokens
+    of 512 replies, and the tokens after a non-EOS one, are EOS at that rate (6 binomial
+    sigmas); the untied output layer is what sets it."""
+    import torch
+
+    from llmrl.models.tiny import ending_model
+    from tests.tolerances import sampling_atol
+
+    model = ending_model(tokenizer, eos_prob=0.2)
+    assert not model.config.tie_word_embeddings
+    prompts = torch.randint(3, 1000, (512, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        probs = model(input_ids=prompts).logits[:, -2:].float().softmax(-1)
+    eos = probs[..., tokenizer.eos_token_id]
+    # the probability itself, at every position: exact up to the other logits' spread
+    assert (eos - 0.2).abs().max() < 0.01, (eos.min(), eos.max())
+    draws = torch.multinomial(probs[:, -1], 1, generator=torch.Generator().manual_seed(1))
+    rate = (draws.squeeze(-1) == tokenizer.eos_token_id).float().mean().item()
+    assert abs(rate - 0.2) <= sampling_atol(0.2, 512)

@@ -10,7 +10,16 @@ import torch
 
 from llmrl.policies import TransformersWrapper
 from llmrl.policies.io_spec import GeneratedSample
-from llmrl.policies.segments import EMPTY, Prefix, align_prefixes, attach_prefixes, join_segments
+from llmrl.policies.segments import (
+    EMPTY,
+    PARTIAL_KEY,
+    RETURN_AFTER_GROUPS,
+    GroupsEnded,
+    Prefix,
+    align_prefixes,
+    attach_prefixes,
+    join_segments,
+)
 from tests.support.chats import history_batch
 from tests.support.segments import resume_until_done
 from tests.tolerances import log_prob_atol, max_abs
@@ -118,3 +127,50 @@ def test_more_than_one_sample_per_row_is_refused(tiny, tokenizer):
     policy = _policy(tiny, tokenizer, segment_tokens=4, num_samples=2)
     with pytest.raises(ValueError, match="num_samples=1"):
         policy(history_batch())
+
+
+def test_groups_ended_waits_for_every_callers_wanted_groups():
+    callers = torch.tensor([0, 0, 0, 0, 1, 1])
+    groups = torch.tensor([1, 1, 2, 2, 3, 3])
+    rule = GroupsEnded(callers, groups, {0: 1, 1: 1})
+    assert not rule(torch.tensor([True, False, True, False, True, True]))  # caller 0: none whole
+    assert rule(torch.tensor([True, False, True, True, True, True]))  # group 2 and group 3
+    assert not rule(torch.tensor([True, True, True, True, True, False]))  # caller 1: none
+    assert GroupsEnded(callers, groups, {0: 2, 1: 0})(torch.tensor([True] * 4 + [False] * 2))
+
+
+def test_a_call_returns_once_the_wanted_groups_ended(eos_model, tokenizer):
+    """Rows 0-1 form group 0, row 2 group 1; one group wanted: the call returns at the step
+    the first group's last row ended, the other rows cut there and marked partial."""
+    state = attach_prefixes(history_batch(), [EMPTY] * 3)
+    state.set("group_id", torch.tensor([0, 0, 1]))
+    state.set(RETURN_AFTER_GROUPS, torch.tensor([[5, 1]] * 3))
+    budget = 200
+    out = _policy(eos_model, tokenizer, generate_kwargs={"max_new_tokens": budget})(state)
+    lengths = [len(r) for r in out["tokens"].as_list("response")]
+    partial = out[PARTIAL_KEY].tolist()
+    ended_groups = [g for g, rows in ((0, [0, 1]), (1, [2])) if not any(partial[r] for r in rows)]
+    assert len(ended_groups) == 1
+    cut = max(lengths)
+    assert cut < budget  # returned early
+    assert all(lengths[r] == cut for r in range(3) if partial[r])  # cut at the same step
+    for row in range(3):
+        ended = not partial[row]
+        assert out["history"].full[row][-1].is_complete == ended
+        assert (out["tokens"].as_list("response")[row][-1] == tokenizer.eos_token_id) == ended
+
+
+def test_a_seeded_call_resuming_replies_moves_its_seed():
+    """A seeded call samples from a generator of its own: a resumed segment draws with a seed
+    moved by the tokens it resumes, not the first segment's uniforms again."""
+    from llmrl.policies.generation_kwargs import GenerationKwargs
+    from llmrl.policies.segments import segment_config
+
+    config = GenerationKwargs.from_kwargs({"max_new_tokens": 10, "seed": 7})
+    first = segment_config(config, [EMPTY, EMPTY], segment_tokens=4)
+    assert (first.seed, first.max_new_tokens) == (7, 4)
+    resumed = [Prefix(torch.tensor([1, 2, 3, 4]), torch.zeros(4)), EMPTY]
+    second = segment_config(config, resumed, segment_tokens=4)
+    assert second.seed == 7 * 1_000_003 + 4 and second.max_new_tokens == 4
+    unseeded = segment_config(config.replace(seed=None), resumed, segment_tokens=8)
+    assert unseeded.seed is None and unseeded.max_new_tokens == 8  # 10 - 0 (the empty prefix)
