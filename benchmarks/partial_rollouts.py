@@ -11,16 +11,16 @@ Two contenders run :class:`llmrl.runtime.GRPORuntime` in async mode with the sam
   of prompts in flight, an engine call returns as soon as the groups a worker needs ended, and
   the replies still going carry over into the next batch, across the push.
 
-The workload is the arithmetic prompts, up to ``--new-tokens`` tokens (128) per reply, sampled
-by :func:`llmrl.models.tiny.ending_model` (``--eos-prob`` 0.025: EOS at 2.5% a token, so reply
-lengths are geometric, mean 39, about one in 25 at the budget). Its decode steps cost about
-the same whatever the number of rows in them, as on a GPU, where decoding is bound by memory
-and kernel launches rather than arithmetic: the regime where a batch's long tail costs most.
-``--eos-prob 0`` samples with ``--model`` (SmolLM2-135M-Instruct) instead, whose replies are
-skewed on their own but whose training, on 2 CPU cores, takes longer than its sampling, so
-the step is bound by the trainer and no sampling scheme can shorten it. The figures are the
-steady state
-(steps 2..n of a request, medians over requests): wall seconds per step, steps per minute and
+The workload is the arithmetic prompts, up to ``--new-tokens`` tokens (512) per reply, sampled
+by :func:`llmrl.models.tiny.ending_model` with ``--ending-layers`` (16) layers and ``--eos-prob``
+0.01: EOS at 1% a token, so reply lengths are geometric (mean 99, median 69) with a long tail,
+and a batch of 16 replies waits for its longest. Its decode steps cost about the same whatever
+the number of rows in them, as on a GPU, where decoding is bound by memory and kernel launches
+rather than arithmetic: the regime where a batch's long tail costs most. ``--eos-prob 0``
+samples with ``--model`` (SmolLM2-135M-Instruct) instead, whose replies are skewed on their own
+(not measured). Both contenders run with ``--max-staleness`` 5 (with partial rollouts: sampling
+one batch ahead, four versions left for the replies carried over). The figures are the steady
+state (steps 2..n of a request, medians over requests): wall seconds per step, steps per minute and
 the trainer's idle time per step, the seconds it waits for a batch (``generation_seconds``)
 plus those it waits for the push to reach the engines between two batches
 (``weight_sync_seconds``), and the trained response tokens per second (a batch of partial

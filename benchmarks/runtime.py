@@ -70,17 +70,17 @@ def main() -> None:
         help="torch threads of the async runtime's engine and of its rank (they run at the same "
         "time: one core each on 2 cores)",
     )
-    parser.add_argument("--max-staleness", type=int, default=None, help="default 1; --partial 3")
+    parser.add_argument("--max-staleness", type=int, default=None, help="default 1; --partial 5")
     parser.add_argument(
         "--partial",
         action="store_true",
         help="instead: async with partial rollouts against async without, on skewed lengths "
-        "(benchmarks/partial_rollouts.py; --new-tokens defaults to 128 there)",
+        "(benchmarks/partial_rollouts.py; --new-tokens defaults to 512 there)",
     )
     parser.add_argument(
         "--eos-prob",
         type=float,
-        default=0.025,
+        default=0.01,
         help="--partial: sample with the ending model at this EOS rate (0: with --model)",
     )
     parser.add_argument("--ending-layers", type=int, default=16, help="--partial: its layers")
@@ -91,8 +91,8 @@ def main() -> None:
     if args.partial:
         from partial_rollouts import compare, ending_model_folder
 
-        args.max_staleness = 3 if args.max_staleness is None else args.max_staleness
-        args.new_tokens = 128 if args.new_tokens is None else args.new_tokens
+        args.max_staleness = 5 if args.max_staleness is None else args.max_staleness
+        args.new_tokens = 512 if args.new_tokens is None else args.new_tokens
         # every train problem (each env worker keeps twice its share of prompts in flight)
         options = {**grpo_options(args, rows=None), "steps_per_rep": args.steps_per_rep}
         if args.eos_prob:
