@@ -199,6 +199,12 @@ class GRPORuntime:
         budget = self.config.generation.max_new_tokens
         return settings.segment_length(budget, self.topology.inference.backend)
 
+    def _segment_param(self) -> int | str:
+        """The segment cap the engines got, as an MLflow param ("off": no partial rollouts)."""
+        if not self.config.runtime.partial_rollouts:
+            return "off"
+        return self._segment_tokens() or "none"
+
     def _start_model_roles(self, runtime_env: dict[str, Any] | None) -> None:
         """The teacher, judge and reward model the topology sets, on their bundles (or by
         their URL)."""
@@ -414,8 +420,9 @@ class GRPORuntime:
             "runtime.colocated": topology.colocated,
             "runtime.reference": topology.reference.placement if self.config.reference else "off",
             "runtime.max_staleness": self.rollouts.max_staleness,
-            "runtime.partial_rollouts": self.config.runtime.partial_rollouts,
-            "runtime.segment_tokens": self._segment_tokens() or "none",
+            # the config's runtime.partial_rollouts and runtime.segment_tokens are params too;
+            # this is the cap the engines got (null in the config: it depends on the backend)
+            "runtime.engine_segment_tokens": self._segment_param(),
             **{
                 f"runtime.{name}": spec.url or f"{spec.engines} {spec.backend} engine(s)"
                 for name, spec in topology.model_roles().items()

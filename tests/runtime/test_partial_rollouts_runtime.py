@@ -47,8 +47,7 @@ def test_replies_carry_across_pushes_within_the_bound_of_their_oldest_token(
         params = runtime.runtime_params()
     finally:
         runtime.shutdown()
-    assert params["runtime.partial_rollouts"] is True
-    assert params["runtime.segment_tokens"] == (segment_tokens or "none")
+    assert params["runtime.engine_segment_tokens"] == (segment_tokens or "none")
     spanning = check_partial_rollout_steps(
         steps,
         list(runtime.trained_versions),
@@ -56,4 +55,5 @@ def test_replies_carry_across_pushes_within_the_bound_of_their_oldest_token(
         max_staleness=MAX_STALENESS,
     )
     assert spanning > 0, "no reply spanned a push"
-    assert steps[-1][1]["collector/segments"] > len(steps) * 2  # several engine calls a batch
+    if segment_tokens is not None:  # 12-token replies in 3-token segments: calls per batch
+        assert steps[-1][1]["collector/segments"] > len(steps) * 2

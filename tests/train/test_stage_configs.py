@@ -345,13 +345,19 @@ def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
 def test_runtime_passes_the_dedicated_reference_to_reinforce_pp(monkeypatch):
     """With ``advantage.kl_in_reward_coeff > 0`` the runtime hands ``build_advantage`` a scorer
     that calls the dedicated reference actor; otherwise none."""
+    from functools import partial
     from types import SimpleNamespace
 
-    import ray
-
+    from llmrl.runtime import grpo_runtime
     from llmrl.runtime.grpo_runtime import GRPORuntime
 
-    monkeypatch.setattr(ray, "get", lambda ref: ref)  # the fake actor's "remote" returns values
+    waits = []  # the fake actor's "remote" returns values; the wait records its bound
+
+    def wait_for(ref, seconds, hung):
+        waits.append((seconds, hung.role, hung.setting))
+        return ref
+
+    monkeypatch.setattr(grpo_runtime, "wait_for", wait_for)
     actor = SimpleNamespace(score=SimpleNamespace(remote=lambda batch: ("scored", batch)))
     kl = load_config(
         GRPOConfig,
@@ -361,10 +367,18 @@ def test_runtime_passes_the_dedicated_reference_to_reinforce_pp(monkeypatch):
             "advantage.estimator=reinforce_pp",
             "advantage.kl_in_reward_coeff=0.1",
             "reference=true",
+            "runtime.timeouts.reference_s=42",
         ],
     )
-    score = GRPORuntime._reference_scorer(SimpleNamespace(reference=actor, config=kl))
+
+    def runtime(reference, config):
+        parts = SimpleNamespace(reference=reference, config=config, policy_version=3)
+        parts._score_with_reference = partial(GRPORuntime._score_with_reference, parts)
+        return parts
+
+    score = GRPORuntime._reference_scorer(runtime(actor, kl))
     assert score("batch") == ("scored", "batch")
+    assert waits == [(42.0, "reference", "runtime.timeouts.reference_s")]
     plain = load_config(GRPOConfig, None, ["data.path=x", "reference=true"])
-    assert GRPORuntime._reference_scorer(SimpleNamespace(reference=actor, config=plain)) is None
-    assert GRPORuntime._reference_scorer(SimpleNamespace(reference=None, config=kl)) is None
+    assert GRPORuntime._reference_scorer(runtime(actor, plain)) is None
+    assert GRPORuntime._reference_scorer(runtime(None, kl)) is None
