@@ -304,6 +304,9 @@ class RayLLMCollector(CollectorBase):
             self._budget.spend(f"inference actor {index}", error)
             old, new = self.inference_actors[index], self._new_inference_actor(index)
             self.inference_actors[index] = new
+            # built first, within startup_s: the restore's deadline is for loading alone
+            (starting,) = self._hung("inference engine", "rebuild", "startup_s", [index])
+            wait_for(new.ready.remote(), timeouts.startup_s, starting)
             updater = self.weight_updater
             restored = updater.restore(old, new)
             if not restored and self.policy_version > 0:
