@@ -1,12 +1,13 @@
-"""No silent hangs, on a local 2-CPU Ray with the tiny model (issue 42, item 3).
+"""No silent hangs, on a local 2-CPU Ray with the tiny model.
 
 An inference engine stuck in ``load_weights`` during a push, an env worker whose ``collect``
 never returns, an engine whose ``generate`` never returns, an engine that never joins the
-weight broadcast group, and a trainer rank that never answers the driver's push: each wait ends within its deadline (``runtime.timeouts``) plus
-:data:`MARGIN_S`, with a :class:`~llmrl.core.deadlines.CallTimeout` naming the role, the index,
-the phase, the version and the round. A hung engine or env worker is killed and rebuilt while
-its slot has restarts left (the push or the batch then completes, nothing lost); with none left
-the timeout itself stops the collector.
+weight broadcast group, and a trainer rank that never answers the driver's push: each wait
+ends within its deadline (``runtime.timeouts``) plus :data:`MARGIN_S`, with a
+:class:`~llmrl.core.deadlines.CallTimeout` naming the role, the index, the phase, the version
+and the round. A hung engine or env worker is killed and rebuilt while its slot has restarts
+left (the push or the batch then completes, nothing lost); with none left the timeout itself
+stops the collector.
 
 The margin, from what the code does: every deadline is one ``ray.wait`` whose timeout is what
 is left of it (nothing polls); a push's deadline starts before its ``ray.put`` and a collect
