@@ -139,24 +139,9 @@ class TrajectoryRunner:
         ``rows_wanted``: how many finished rows the caller still needs (a runner that can
         return early uses it; this one replies to every row)."""
         if self.state is None:
-            if self.exhausted:
+            self.state = None if self.exhausted else self._reset_env()
+            if self.state is None:
                 return StepResult()
-            try:
-                state = self.env.reset()
-            except (StopIteration, RuntimeError) as error:
-                # A primer's StopIteration reaches us as is, or (raised inside a generator, as
-                # ChatEnv.reset looks for prompts) as RuntimeError caused by it (PEP 479).
-                if not isinstance(error, StopIteration) and not isinstance(
-                    error.__cause__, StopIteration
-                ):
-                    raise
-                self.exhausted = True
-                return StepResult()
-            count = state.batch_size[0]
-            ids = self.next_traj_id + self.traj_id_step * torch.arange(count)
-            self.next_traj_id += self.traj_id_step * count
-            state.set("traj_id", ids)
-            self.state = state
         state = self.state
         out = self.policy(state)
         if out.batch_dims != 1 or out.batch_size[0] != state.batch_size[0]:
@@ -180,6 +165,26 @@ class TrajectoryRunner:
         going_on = [index for index, row_done in enumerate(done) if not row_done]
         self.state = transition.get("next")[torch.tensor(going_on)] if going_on else None
         return result
+
+    def _reset_env(self) -> TensorDictBase | None:
+        """A fresh batch of prompts with their trajectory ids; None (and :attr:`exhausted`
+        set) when the env's dataset ran out."""
+        try:
+            state = self.env.reset()
+        except (StopIteration, RuntimeError) as error:
+            # A primer's StopIteration reaches us as is, or (raised inside a generator, as
+            # ChatEnv.reset looks for prompts) as RuntimeError caused by it (PEP 479).
+            if not isinstance(error, StopIteration) and not isinstance(
+                error.__cause__, StopIteration
+            ):
+                raise
+            self.exhausted = True
+            return None
+        count = state.batch_size[0]
+        ids = self.next_traj_id + self.traj_id_step * torch.arange(count)
+        self.next_traj_id += self.traj_id_step * count
+        state.set("traj_id", ids)
+        return state
 
 
 class BatchAssembler:

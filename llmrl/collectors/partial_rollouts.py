@@ -151,23 +151,6 @@ class PartialRolloutRunner(TrajectoryRunner):
             self._fresh_rows = fresh.batch_size[0]
             self.state = fresh if self.state is None else torch.cat([self.state, fresh])
 
-    def _reset_env(self) -> TensorDictBase | None:
-        """A fresh batch of prompts with their trajectory ids (None: the dataset ran out)."""
-        try:
-            state = self.env.reset()
-        except (StopIteration, RuntimeError) as error:
-            if not isinstance(error, StopIteration) and not isinstance(
-                error.__cause__, StopIteration
-            ):
-                raise
-            self.exhausted = True
-            return None
-        count = state.batch_size[0]
-        ids = self.next_traj_id + self.traj_id_step * torch.arange(count)
-        self.next_traj_id += self.traj_id_step * count
-        state.set("traj_id", ids)
-        return state
-
     def _token_versions(self, out: TensorDictBase, ids: list[int]) -> list[torch.Tensor]:
         """Each row's token versions: its prefix's, then the replying version for the rest."""
         replied = out.get(self.version_key).reshape(-1).tolist()
