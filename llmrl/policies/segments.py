@@ -179,19 +179,21 @@ class GroupsEnded:
     """
 
     def __init__(self, callers: torch.Tensor, groups: torch.Tensor, wanted: dict[int, int]) -> None:
-        self.wanted = {caller: want for caller, want in wanted.items() if want > 0}
-        self.rows = {caller: callers == caller for caller in self.wanted}
-        self.groups = groups
+        # what each caller needs, fixed for the call (the rule is asked after every step):
+        # its rows, their group ids, and how many groups it holds
+        self.callers = []
+        for caller, want in wanted.items():
+            if want > 0:
+                rows = callers == caller
+                held = int(groups[rows].unique().numel())
+                self.callers.append((rows, groups[rows], held, want))
 
     def __call__(self, ended: torch.Tensor) -> bool:
         """Whether to return now, given which rows ended (``[N]`` bool)."""
         ended = ended.cpu()
-        for caller, want in self.wanted.items():
-            rows = self.rows[caller]
-            groups, row_ended = self.groups[rows], ended[rows]
-            open_groups = groups[~row_ended].unique()
-            complete = groups.unique().numel() - open_groups.numel()
-            if complete < want:
+        for rows, groups, held, want in self.callers:
+            still_open = groups[~ended[rows]].unique().numel()
+            if held - still_open < want:
                 return False
         return True
 
