@@ -1,9 +1,12 @@
 """`VLLMEngine`: one ``vllm.LLM`` behind methods that take and return plain Python data.
 
-Because every method speaks lists, floats and bools (never vLLM objects), the same class runs
-in-process or as a Ray actor: :func:`create_ray_engines` starts ``ray.remote(VLLMEngine)`` actors,
-each on its own placement group of GPUs, and :class:`~llmrl.policies.vllm_wrapper.vLLMWrapper`
-drives either kind.
+Because every method speaks lists, floats, bools and dicts (never vLLM objects), the same class
+runs in-process or as a Ray actor (the GRPO runtime starts ``ray.remote(VLLMEngine)`` actors on
+the topology's bundles: :mod:`llmrl.runtime.engines`), and
+:class:`~llmrl.policies.vllm_wrapper.vLLMWrapper` drives either kind. New weights arrive through
+vLLM's weight-transfer API, whose backend the engine is built with (``weight_backend``: vLLM's
+``nccl`` or ``ipc`` on GPUs, llmrl's ``llmrl_file`` on its CPU build); the engine exposes that
+API's client calls, which :mod:`llmrl.transports.vllm` drives the same way for every backend.
 
 Log-probs are the model's raw ones (vLLM's default ``logprobs_mode="raw_logprobs"``: before
 temperature, top-k/top-p or penalties), the same quantity the transformers backend reports.
@@ -28,13 +31,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from llmrl.core.errors import MissingExtraError
-from llmrl.core.weights_checksum import combine_entries, verify_checksum
-from llmrl.data.sources import sha256_file
+from llmrl.core.weights_checksum import verify_checksum
 from llmrl.policies import vllm_file_transfer
 from llmrl.policies.vllm_worker_extension import WORKER_EXTENSION
 
 if TYPE_CHECKING:
-    import ray.actor
     import vllm
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class VLLMEngine:
         cpu_kv_cache_gb: KV cache of an engine on vLLM's CPU build, in GiB, fractions too
             (vLLM's ``kv_cache_memory_bytes``; ``VLLM_CPU_KVCACHE_SPACE``, when set, wins);
             ignored on GPUs.
+        weight_backend: vLLM's weight-transfer backend new weights arrive through: ``nccl``,
+            ``ipc`` (GPUs) or ``llmrl_file`` (any build; what :meth:`load_weights` sends).
         **engine_kwargs: any other ``vllm.LLM`` argument (they override the ones above).
 
     Raises:
@@ -89,6 +92,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         enforce_eager: bool | None = None,
         cpu_kv_cache_gb: float = 1.0,
+        weight_backend: str = vllm_file_transfer.BACKEND,
         **engine_kwargs: Any,
     ) -> None:
         vllm = import_vllm()
@@ -105,9 +109,8 @@ class VLLMEngine:
             "enable_prefix_caching": enable_prefix_caching,
             "max_model_len": max_model_len,
             "enforce_eager": enforce_eager,
-            "worker_extension_cls": WORKER_EXTENSION,
-            # weight updates through vLLM's weight-transfer API (llmrl/policies/vllm_file_transfer)
-            "weight_transfer_config": {"backend": vllm_file_transfer.BACKEND},
+            "worker_extension_cls": WORKER_EXTENSION,  # checksums what a push loads
+            "weight_transfer_config": {"backend": weight_backend},
         }
         if self.on_cpu and not os.environ.get(CPU_KV_CACHE_VARIABLE):
             # bytes, not the variable: vLLM reads it as whole GiB (int("0.5") fails), and a
@@ -122,23 +125,25 @@ class VLLMEngine:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         self.model = str(options["model"])
         self.llm: vllm.LLM = vllm.LLM(**options)
+        self.weight_backend = weight_backend
         self.weight_folder: str | None = None
-        self._broadcast_entries: list[tuple[str, str, tuple[int, ...], int]] = []
-        self.broadcast_version: int | None = None
+        self._file_sender: Any = None
 
     @classmethod
     def from_llm(cls, llm: vllm.LLM) -> VLLMEngine:
         """Wrap an existing ``vllm.LLM``.
 
-        Generation and scoring work with any ``LLM``; :meth:`load_weights` needs it built with
-        ``weight_transfer_config={"backend": vllm_file_transfer.BACKEND}``, the NCCL methods
-        with ``worker_extension_cls=WORKER_EXTENSION``.
+        Generation and scoring work with any ``LLM``; weight pushes need it built with
+        ``weight_transfer_config={"backend": ...}`` (:meth:`load_weights`:
+        ``vllm_file_transfer.BACKEND``) and ``worker_extension_cls=WORKER_EXTENSION``.
         """
         engine = cls.__new__(cls)
         engine.llm = llm
         engine.on_cpu = vllm_on_cpu()
         engine.weight_folder = None
-        engine._broadcast_entries, engine.broadcast_version = [], None
+        engine._file_sender = None
+        transfer = getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None)
+        engine.weight_backend = getattr(transfer, "backend", None)
         config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
         engine.model = str(getattr(config, "model", "vllm.LLM"))
         return engine
@@ -216,35 +221,73 @@ class VLLMEngine:
         version: int | None = None,
         checksum: str | None = None,
     ) -> int:
-        """Load ``(name, tensor)`` pairs (Hugging Face names, any subset of the model) through
-        vLLM's weight-transfer API, then drop the prefix cache (its KV entries were computed
-        with the old weights); the bytes written.
+        """Load ``(name, tensor)`` pairs (Hugging Face names, any subset of the model) given to
+        this process; the bytes sent (tied copies once). The engine must use the ``llmrl_file``
+        backend.
 
         With ``checksum`` (the sender's :func:`~llmrl.core.weights_checksum.weights_checksum`)
         the tensors are checked first and refused on a mismatch
         (:class:`~llmrl.core.weights_checksum.WeightChecksumError`, the model untouched). They
-        go into a safetensors file on this node (``/dev/shm`` when there is one) that every
-        worker reads onto its device and checks against its SHA-256; ``version`` becomes the
-        engine's :meth:`weight_version`.
+        are then sent exactly as a trainer sends them (:mod:`llmrl.transports.vllm`): this
+        engine is the client of an ``llmrl_file`` trainer engine, which writes them to a
+        safetensors file on this node that every worker checks against its SHA-256 and loads.
+        ``version`` becomes the engine's :meth:`weight_version`.
         """
+        from llmrl.policies.vllm_transfer import StateSource, trainer_engine
+
         named_tensors = list(named_tensors)
         if checksum is not None:
             verify_checksum(dict(named_tensors), checksum, f"vLLM engine {self.model!r}")
-        path = vllm_file_transfer.write_weights(named_tensors, self.weight_folder)
-        try:
-            update = {"path": str(path), "sha256": sha256_file(path)}
-            self.llm.start_weight_update()
-            self.llm.update_weights({"update_info": update})
-            self.llm.finish_weight_update(
-                weight_version=None if version is None else str(int(version))
+        self._require_backend(vllm_file_transfer.BACKEND, "load_weights")
+        source = StateSource(dict(named_tensors))
+        if self._file_sender is None:
+            self._file_sender = trainer_engine(
+                vllm_file_transfer.BACKEND, self, source, folder=self.weight_folder
             )
-            return path.stat().st_size
-        finally:
-            path.unlink(missing_ok=True)
-            self.reset_prefix_cache()
+        self._file_sender.source, self._file_sender.folder = source, self.weight_folder
+        self._file_sender.send_weights()
+        if version is not None:
+            self.set_weight_version(version)
+        return sum(t.numel() * t.element_size() for t in source.state.values())
+
+    # vLLM's weight-sync client calls (VLLMWeightSyncClient), as vLLM's trainer engines and
+    # llmrl's EngineClient drive them, whatever the backend.
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's weight transfer (``init_info``: the backend's worker init)."""
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        """Open a weight update (vLLM's layerwise reload for ``nccl`` and ``ipc``)."""
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive and load one update (the backend's update info)."""
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """Close the update, then drop the prefix cache (its KV came from the old weights)."""
+        self.llm.finish_weight_update(weight_version=weight_version)
+        self.reset_prefix_cache()
+
+    def set_weight_version(self, version: int) -> None:
+        """Record ``version`` as the weights' version (:meth:`weight_version`)."""
+        self.llm.update_weight_version(str(int(version)))
+
+    def begin_weight_audit(self) -> None:
+        """Every worker records the tensors its model loads from now on
+        (:mod:`llmrl.policies.vllm_worker_extension`)."""
+        self.llm.collective_rpc("begin_weight_audit")
+
+    def end_weight_audit(self) -> str:
+        """The checksum of the tensors loaded since :meth:`begin_weight_audit`, as every worker
+        recorded them; ``"workers differ: ..."`` when tensor-parallel workers disagree."""
+        checksums = list(self.llm.collective_rpc("end_weight_audit"))
+        if len(set(checksums)) > 1:
+            return "workers differ: " + ", ".join(c[:12] for c in checksums)
+        return checksums[0]
 
     def weight_version(self) -> str | None:
-        """The version given to the last :meth:`load_weights` (None before any)."""
+        """The version given to the last push (None before any)."""
         return self.llm.get_weight_version()
 
     def reset_prefix_cache(self) -> None:
@@ -260,40 +303,27 @@ class VLLMEngine:
                 "running?): its cached KV predates the weights now loaded"
             )
 
-    def init_weight_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int
-    ) -> None:
-        """Have every worker join the trainer's NCCL group (see the worker extension).
+    # ------------------------------------------------------------------ sleep mode
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU for the trainer: level 1 offloads the weights to CPU memory and drops
+        the KV cache (the engine must be built with ``enable_sleep_mode=True``)."""
+        self.llm.sleep(level=level)
 
-        Returns once every member has joined, the trainer included: call it on a Ray actor
-        (``engine.init_weight_update_group.remote(...)``) or from another thread, then join the
-        group in the trainer.
-        """
-        self.llm.collective_rpc(
-            "init_weight_update_group", args=(master_address, master_port, rank_offset, world_size)
-        )
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the GPU memory back: ``["weights"]`` first (a push may then load into them),
+        ``["kv_cache"]`` before sampling; None: everything."""
+        self.llm.wake_up(tags)
 
-    def update_weight_from_broadcast(
-        self, name: str, dtype_name: str, shape: list[int], fingerprint: int | None = None
-    ) -> None:
-        """Have every worker receive one tensor broadcast by the trainer, check it against
-        ``fingerprint`` (:func:`~llmrl.core.weights_checksum.tensor_fingerprint`; a mismatch
-        is refused) and load it (returns after the trainer's matching ``broadcast``, so call it
-        like :meth:`init_weight_update_group`)."""
-        self.llm.collective_rpc(
-            "update_weight_from_broadcast", args=(name, dtype_name, list(shape), fingerprint)
-        )
-        if fingerprint is not None:
-            self._broadcast_entries.append((name, dtype_name, tuple(shape), int(fingerprint)))
+    def is_sleeping(self) -> bool:
+        """Whether any of the engine's memory is asleep."""
+        return bool(self.llm.llm_engine.is_sleeping())
 
-    def finish_broadcast_update(self, version: int | None = None) -> str:
-        """End a broadcast update: drop the prefix cache and return the checksum of the
-        tensors received since the last one, as their fingerprints were checked
-        (:func:`~llmrl.core.weights_checksum.combine_entries`)."""
-        entries, self._broadcast_entries = self._broadcast_entries, []
-        self.reset_prefix_cache()
-        self.broadcast_version = version
-        return combine_entries(entries)
+    def _require_backend(self, backend: str, call: str) -> None:
+        if self.weight_backend != backend:
+            raise RuntimeError(
+                f"{call} sends through the {backend!r} weight-transfer backend; this engine "
+                f"was built with {self.weight_backend!r} (VLLMEngine(weight_backend=...))"
+            )
 
     def close(self) -> None:
         """Stop the engine's processes (its engine core and workers); the engine is unusable
@@ -302,81 +332,6 @@ class VLLMEngine:
 
     def __repr__(self) -> str:
         return f"VLLMEngine({self.model!r})"
-
-
-def create_ray_engines(
-    model: str | Path,
-    num_engines: int,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float = 0.5,
-    placement_timeout: float = 120.0,
-    **engine_kwargs: Any,
-) -> list[ray.actor.ActorHandle]:
-    """Start ``num_engines`` :class:`VLLMEngine` Ray actors, each on its own GPUs.
-
-    Each engine gets a placement group of ``tensor_parallel_size`` bundles of one GPU and one
-    CPU (``PACK``: on one node when possible). With one GPU the actor holds that GPU itself;
-    with more, the actor holds none and vLLM's Ray executor puts one worker on each bundle.
-    Ray is started (``ray.init()``) when it is not running yet.
-
-    Raises:
-        RuntimeError: the cluster cannot place an engine within ``placement_timeout`` seconds
-            (the message says how many GPUs were asked for and how many the cluster has).
-        MissingExtraError: Ray is not installed.
-
-    Example:
-        engines = create_ray_engines("smollm2-135m-instruct", num_engines=2)
-        policy = vLLMWrapper(engines, tokenizer)
-    """
-    if num_engines < 1 or tensor_parallel_size < 1:
-        raise ValueError(
-            f"num_engines and tensor_parallel_size must be >= 1, got {num_engines} and "
-            f"{tensor_parallel_size}"
-        )
-    try:
-        import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-    except ImportError as error:
-        raise MissingExtraError("ray", "local", "Running vLLM engines as Ray actors") from error
-    if not ray.is_initialized():
-        ray.init()
-
-    actor_class = ray.remote(VLLMEngine)
-    groups, engines = [], []
-    for index in range(num_engines):
-        group = placement_group([{"GPU": 1, "CPU": 1}] * tensor_parallel_size, strategy="PACK")
-        groups.append(group)
-        ready, _ = ray.wait([group.ready()], timeout=placement_timeout)
-        if not ready:
-            for created in groups:
-                remove_placement_group(created)
-            total = ray.cluster_resources().get("GPU", 0)
-            free = ray.available_resources().get("GPU", 0)
-            raise RuntimeError(
-                f"could not place vLLM engine {index + 1}/{num_engines} within "
-                f"{placement_timeout:.0f} s: it needs {tensor_parallel_size} GPU(s) "
-                f"({num_engines * tensor_parallel_size} GPU(s) for all {num_engines} engines), "
-                f"the Ray cluster has {total:g} GPU(s), {free:g} free"
-            )
-        strategy = PlacementGroupSchedulingStrategy(
-            placement_group=group,
-            placement_group_bundle_index=0,
-            placement_group_capture_child_tasks=True,
-        )
-        engines.append(
-            actor_class.options(
-                num_cpus=1,
-                num_gpus=1 if tensor_parallel_size == 1 else 0,
-                scheduling_strategy=strategy,
-            ).remote(
-                model,
-                tensor_parallel_size=tensor_parallel_size,
-                gpu_memory_utilization=gpu_memory_utilization,
-                **engine_kwargs,
-            )
-        )
-    return engines
 
 
 def vllm_on_cpu() -> bool:

@@ -1,5 +1,6 @@
-"""Worker side of the ``llmrl_file`` weight-transfer backend: a vLLM ``WeightTransferEngine``
-that loads a safetensors file into the running model.
+"""The two sides of the ``llmrl_file`` weight-transfer backend: a vLLM ``WeightTransferEngine``
+that loads a safetensors file into the running model (in each worker), and the
+``TrainerWeightTransferEngine`` that writes the file and drives the update (in the trainer).
 
 vLLM imports this module inside each worker process when an engine is built with
 ``weight_transfer_config={"backend": "llmrl_file"}`` (registered by
@@ -22,10 +23,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.distributed.weight_transfer.base import (
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    VLLMWeightSyncClient,
+    WeightSource,
     WeightTransferEngine,
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
@@ -37,6 +42,7 @@ from vllm.model_executor.model_loader.reload import (
 )
 
 from llmrl.data.sources import sha256_file
+from llmrl.policies.vllm_file_transfer import BACKEND, write_weights
 
 
 @dataclass
@@ -109,3 +115,62 @@ def _read_tensors(path: Path, device: torch.device) -> Iterator[tuple[str, torch
     with safe_open(str(path), framework="pt", device=str(device)) as reader:
         for name in reader.keys():  # noqa: SIM118 (safe_open is not iterable)
             yield name, reader.get_tensor(name)
+
+
+@dataclass
+class FileTrainerInitInfo(TrainerInitInfo):
+    """The trainer side of ``llmrl_file``: where to write the files (None: ``/dev/shm`` when
+    there is one), which must be a folder the engines' workers can read."""
+
+    backend: ClassVar[str] = BACKEND
+    folder: str | None = None
+
+
+class FileTrainerWeightTransferEngine(TrainerWeightTransferEngine[FileTrainerInitInfo]):
+    """Writes the source's tensors to one safetensors file per push and has the engines load
+    it: ``start_weight_update``, one ``update_weights`` with the file's path and SHA-256,
+    ``finish_weight_update``; the file is deleted afterwards, whatever happened."""
+
+    init_info_cls = FileTrainerInitInfo
+
+    def __init__(
+        self,
+        *,
+        client: VLLMWeightSyncClient,
+        source: WeightSource,
+        is_sender: bool = True,
+        folder: str | None = None,
+    ) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.folder = folder
+
+    @classmethod
+    def trainer_init(
+        cls,
+        init_info: FileTrainerInitInfo,
+        *,
+        client: VLLMWeightSyncClient,
+        source: WeightSource | None = None,
+    ) -> FileTrainerWeightTransferEngine:
+        if source is None:
+            raise ValueError("the llmrl_file trainer engine needs a WeightSource")
+        engine = cls(
+            client=client, source=source, is_sender=init_info.is_sender, folder=init_info.folder
+        )
+        if engine.is_sender:
+            engine.client.init_weight_transfer_engine({})
+        return engine
+
+    def send_weights(self) -> None:
+        assert self.source is not None
+        if not self.is_sender:
+            for _ in self.source:  # stay in the trainer ranks' gathers
+                pass
+            return
+        path = write_weights(iter(self.source), self.folder)
+        try:
+            self.client.start_weight_update()
+            self.client.update_weights({"path": str(path), "sha256": sha256_file(path)})
+            self.client.finish_weight_update()
+        finally:
+            path.unlink(missing_ok=True)

@@ -5,9 +5,12 @@ with ``weight_transfer_config={"backend": NAME}``, and each update is
 ``llm.start_weight_update()``, one or more ``llm.update_weights({"update_info": ...})`` and
 ``llm.finish_weight_update(weight_version=...)``. Inside each worker a
 :class:`~vllm.distributed.weight_transfer.base.WeightTransferEngine` of that backend receives the
-tensors. vLLM's own backends need CUDA (``ipc``) or NCCL (``nccl``); this one, ``llmrl_file``,
-reads a safetensors file that the caller wrote on the engine's node, so it works on vLLM's CPU
-build and on GPUs alike (the file is read straight onto the worker's device).
+tensors; on the trainer's side a ``TrainerWeightTransferEngine`` of the same backend drives that
+sequence through a client. vLLM's own backends need CUDA (``ipc``) or NCCL (``nccl``); this one,
+``llmrl_file``, is both sides of a backend that passes a safetensors file the trainer side wrote
+on the engines' node (``/dev/shm``), so it works on vLLM's CPU build and on GPUs alike (the file
+is read straight onto the worker's device). llmrl drives every backend through the same trainer
+engine calls (:mod:`llmrl.transports.vllm`), so the CPU tests run the code that drives GPUs.
 
 The worker checks the file's SHA-256 against the one sent with the update before it touches the
 model, then reloads the model from it with vLLM's layerwise reload; the output head tied to the
@@ -47,11 +50,17 @@ def register() -> None:
 
     vLLM calls this in every process through the ``vllm.general_plugins`` entry point.
     """
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
 
+    module = "llmrl.policies.vllm_file_engine"
     if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(
-            BACKEND, "llmrl.policies.vllm_file_engine", "FileWeightTransferEngine"
+        WeightTransferEngineFactory.register_engine(BACKEND, module, "FileWeightTransferEngine")
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(
+            BACKEND, module, "FileTrainerWeightTransferEngine"
         )
 
 

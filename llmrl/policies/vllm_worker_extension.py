@@ -1,100 +1,82 @@
-"""`WeightSyncWorkerExtension`: weight-loading methods that vLLM mixes into its GPU workers.
+"""`WeightAuditWorkerExtension`: what a vLLM worker checks of the weights a push loaded.
 
 vLLM builds its worker class at run time from ``worker_extension_cls`` (a dotted name, so the
-class is importable in every worker process, Ray or multiprocessing). Its methods run inside
-each worker, called from the engine through ``LLM.collective_rpc(method_name, args=...)``; there
-``self`` is the vLLM worker, with ``self.model_runner.model`` (the model, sharded for tensor
-parallelism) and ``self.device`` (the worker's GPU).
+class is importable in every worker process); its methods run inside each worker, called from
+the engine through ``LLM.collective_rpc(method_name)``, where ``self`` is the vLLM worker.
 
-What it adds: the NCCL path for GPU engines on other nodes than the trainer.
-:meth:`WeightSyncWorkerExtension.init_weight_update_group` then
-:meth:`WeightSyncWorkerExtension.update_weight_from_broadcast` per tensor: a trainer process
-(rank 0) broadcasts each tensor over NCCL to every worker of every engine. Engines on the
-trainer's node (and every engine of vLLM's CPU build) take weights through vLLM's
-weight-transfer API instead (:mod:`llmrl.policies.vllm_file_transfer`).
+Weights reach a worker through vLLM's weight-transfer engine of the run's backend (``nccl``,
+``ipc`` or llmrl's ``llmrl_file``), which hands every received tensor, under its Hugging Face
+name, to the model's ``load_weights``. vLLM then fuses and repacks them (q/k/v, gate/up, oneDNN
+buffers), so the model's own parameters cannot be checksummed under the trainer's names. What
+can: the tensors on their way in. :meth:`WeightAuditWorkerExtension.begin_weight_audit` puts a
+recorder in front of the model's ``load_weights`` that fingerprints every tensor it is given
+(:func:`~llmrl.core.weights_checksum.checksum_entry`, on the worker's device);
+:meth:`WeightAuditWorkerExtension.end_weight_audit` removes it and returns the checksum of
+what went in. It is the same recorder for every backend, and the same function the trainer
+uses for what it sent, so an engine's checksum equals the trainer's exactly when every tensor
+arrived intact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from llmrl.core.weights_checksum import WeightChecksumError, tensor_fingerprint
+from llmrl.core.weights_checksum import checksum_entry, combine_entries
 
-WORKER_EXTENSION = "llmrl.policies.vllm_worker_extension.WeightSyncWorkerExtension"
+WORKER_EXTENSION = "llmrl.policies.vllm_worker_extension.WeightAuditWorkerExtension"
 """The dotted name to pass to vLLM as ``worker_extension_cls``."""
 
+Entry = tuple[str, str, tuple[int, ...], int]
 
-class WeightSyncWorkerExtension:
-    """Methods added to every vLLM worker so a trainer can push new weights.
 
-    Pass ``worker_extension_cls=WORKER_EXTENSION`` when building ``vllm.LLM`` (the
-    :class:`~llmrl.policies.vllm_engine.VLLMEngine` does) and call the methods through
-    ``LLM.collective_rpc``; each worker of the engine runs them on its own shard.
+class WeightAuditWorkerExtension:
+    """Methods added to every vLLM worker to checksum what a weight push loads.
 
-    Example (NCCL, one engine with 1 worker, a trainer as rank 0 of a group of 2):
-        engine.init_weight_update_group(address, port, rank_offset=1, world_size=2)
-        # trainer: comm = PyNcclCommunicator(StatelessProcessGroup.create(..., rank=0), dev)
-        for name, p in model.named_parameters():
-            handle = engine_actor.update_weight_from_broadcast.remote(
-                name, str(p.dtype).removeprefix("torch."), list(p.shape))
-            comm.broadcast(p, src=0, stream=torch.cuda.current_stream())
-            ray.get(handle)
+    Example (in the engine's process; :class:`~llmrl.policies.vllm_engine.VLLMEngine` does it):
+        llm.collective_rpc("begin_weight_audit")
+        llm.start_weight_update(); llm.update_weights(...); llm.finish_weight_update()
+        [checksum] = llm.collective_rpc("end_weight_audit")  # one per worker
     """
 
     # Set by vLLM's worker, listed here for readers and type checkers.
     model_runner: Any
-    device: torch.device
 
-    def init_weight_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int
-    ) -> None:
-        """Join an NCCL group in which the trainer (rank 0) broadcasts new weights.
+    def begin_weight_audit(self) -> None:
+        """Record every tensor the model loads from now on (replaces an audit left open)."""
+        model = self.model_runner.get_model()
+        self._end_recording(model)
+        entries: list[Entry] = []
+        load = model.load_weights  # the class's bound method
 
-        This worker's rank is its rank inside the engine plus ``rank_offset`` (1 for the first
-        engine when the trainer is rank 0; engine ``i`` with TP workers each: ``1 + i * TP``).
-        Every member, the trainer included, must call in; the call returns once all have.
-        """
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.parallel_state import get_world_group
-        from vllm.distributed.utils import StatelessProcessGroup
+        def recording_load(weights: Iterable[tuple[str, torch.Tensor]], *args: Any, **kw: Any):
+            return load(_recorded(weights, entries), *args, **kw)
 
-        rank = get_world_group().rank + rank_offset
-        group = StatelessProcessGroup.create(
-            host=master_address, port=int(master_port), rank=rank, world_size=world_size
-        )
-        self._weight_update_comm = PyNcclCommunicator(group, device=self.device)
+        model.load_weights = recording_load  # an instance attribute: what vLLM's engines call
+        self._weight_audit_entries = entries
 
-    def update_weight_from_broadcast(
-        self, name: str, dtype_name: str, shape: Sequence[int], fingerprint: int | None = None
-    ) -> None:
-        """Receive one tensor broadcast by rank 0 of the weight-update group and load it,
-        once its :func:`~llmrl.core.weights_checksum.tensor_fingerprint` matches
-        ``fingerprint`` (when given; a mismatch raises and the tensor is not loaded).
+    def end_weight_audit(self) -> str:
+        """Stop recording; the checksum of the tensors loaded since :meth:`begin_weight_audit`
+        (:func:`~llmrl.core.weights_checksum.combine_entries`)."""
+        model = self.model_runner.get_model()
+        self._end_recording(model)
+        entries = getattr(self, "_weight_audit_entries", None)
+        if entries is None:
+            raise RuntimeError("end_weight_audit without begin_weight_audit")
+        self._weight_audit_entries = None
+        return combine_entries(entries)
 
-        ``dtype_name`` is a torch dtype name (``"bfloat16"`` or ``"torch.bfloat16"``).
-        """
-        comm = getattr(self, "_weight_update_comm", None)
-        if comm is None:
-            raise RuntimeError(
-                "update_weight_from_broadcast needs a weight-update group: call "
-                "init_weight_update_group on every worker (and in the trainer) first"
-            )
-        weight = torch.empty(list(shape), dtype=_dtype(dtype_name), device=self.device)
-        comm.broadcast(weight, src=0, stream=torch.cuda.current_stream())
-        if fingerprint is not None and tensor_fingerprint(weight) != int(fingerprint):
-            raise WeightChecksumError(
-                f"vLLM worker: tensor {name!r} arrived with another fingerprint than the "
-                "trainer sent; refused (not loaded)"
-            )
-        self.model_runner.model.load_weights(weights=[(name, weight)])
-        del weight
+    @staticmethod
+    def _end_recording(model: torch.nn.Module) -> None:
+        model.__dict__.pop("load_weights", None)
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{name!r} is not a torch dtype name")
-    return dtype
+def _recorded(
+    weights: Iterable[tuple[str, torch.Tensor]], entries: list[Entry]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` as they are consumed, each one's checksum entry appended to ``entries``."""
+    for name, tensor in weights:
+        entries.append(checksum_entry(name, tensor))
+        yield name, tensor

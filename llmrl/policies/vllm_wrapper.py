@@ -4,7 +4,7 @@ A batch is split into contiguous chunks, one per engine, in order; Ray engines w
 chunks in parallel and the answers are put back in the batch's order, so ``out[b]`` is always
 the group of samples of prompt ``b`` whatever engine served it. Engines can be
 :class:`~llmrl.policies.vllm_engine.VLLMEngine` objects in this process, Ray actors of it
-(:func:`~llmrl.policies.vllm_engine.create_ray_engines`) or any object with the same plain-data
+(``ray.remote(VLLMEngine)``, as the GRPO runtime starts them) or any object with the same plain-data
 ``generate`` / ``prompt_log_probs`` methods.
 
 Sampling log-probs are the model's raw ones (before temperature or top-k/top-p), like the
@@ -62,7 +62,7 @@ class vLLMWrapper(LLMWrapperBase):
         MissingExtraError: a model spec was given and vLLM is not installed.
 
     Example:
-        engines = create_ray_engines("smollm2-135m-instruct", num_engines=2)
+        engines = [ray.remote(VLLMEngine).options(num_gpus=1).remote("smollm2-135m-instruct")]
         policy = vLLMWrapper(engines, tokenizer, generate_kwargs={"max_new_tokens": 64})
         ref_policy = policy.get_new_version(generate=False)  # reference log-probs
     """

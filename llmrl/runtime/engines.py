@@ -145,12 +145,15 @@ def start_engines(
     load_options: dict[str, bool] | None = None,
     partial_rollouts: bool = False,
     segment_tokens: int | None = None,
+    weight_backend: str = "llmrl_file",
 ) -> EngineSet:
     """The engines of ``placement.specs.inference``: factories for the inference actors and,
     with vLLM, the ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine
     ``i`` samples with seed ``seed + i`` (None: unseeded); transformers engines use the
     compiled decode when ``compile_decode`` (None: the engines on a GPU do); with
-    ``partial_rollouts`` they serve replies in parts, at most ``segment_tokens`` at a time."""
+    ``partial_rollouts`` they serve replies in parts, at most ``segment_tokens`` at a time;
+    vLLM engines take weights through vLLM's ``weight_backend``
+    (:func:`~llmrl.transports.selection.engine_weight_backend`)."""
     engines = placement.specs.inference
 
     def engine_seed(index: int) -> int | None:
@@ -184,6 +187,7 @@ def start_engines(
             seed=engine_seed(index),
             runtime_env=runtime_env,
             load_options=load_options,
+            weight_backend=weight_backend,
         )
         for index in range(engines.count)
     ]
@@ -211,6 +215,7 @@ def _start_vllm_engine(
     seed: int | None,
     runtime_env: dict[str, Any] | None,
     load_options: dict[str, bool] | None,
+    weight_backend: str = "llmrl_file",
 ) -> Any:
     """The ``VLLMEngine`` actor of engine ``index`` on its first bundle (tensor parallel:
     vLLM's Ray executor puts one worker on each bundle of the engine's group)."""
@@ -237,6 +242,7 @@ def _start_vllm_engine(
             seed=seed or 0,
             enforce_eager=inference.enforce_eager,
             cpu_kv_cache_gb=inference.cpu_kv_cache_gb,
+            weight_backend=weight_backend,
             **load_options_for_vllm(load_options),
         )
     )

@@ -61,6 +61,7 @@ from llmrl.runtime.trainer_group import TrainerGroup
 from llmrl.runtime.weights import TrainerRanksWeightUpdater
 from llmrl.topology import Topology, place_on_ray
 from llmrl.train.audit import AuditError, StepAudit
+from llmrl.transports.selection import engine_weight_backend
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class GRPORuntime:
     def _start_engines(self, runtime_env: dict[str, Any] | None) -> EngineSet:
         """The inference engines, on their bundles; each serves its share of a step's rows in
         one model call."""
-        config, settings = self.config, self.config.runtime
+        config, settings, topology = self.config, self.config.runtime, self.topology
         rows_per_step = config.prompts_per_step * config.num_samples
         engines = start_engines(
             placement=self.placement,
@@ -185,6 +186,9 @@ class GRPORuntime:
             load_options=config.model.load_options,
             partial_rollouts=settings.partial_rollouts,
             segment_tokens=self._segment_tokens(),
+            weight_backend=engine_weight_backend(  # ranks with no GPUs see no CUDA
+                topology.weight_transport, topology.colocated, cuda=topology.trainer.gpus > 0
+            ),
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
         self.vllm_engines = engines.vllm_engines
@@ -277,6 +281,7 @@ class GRPORuntime:
             vllm_engines=engines.vllm_engines,
             ranks_per_engine=self.placement.specs.inference.tensor_parallel_size,
             transport=self.topology.weight_transport,
+            colocated=self.topology.colocated,
         )
         self.collector.weight_updater = TrainerRanksWeightUpdater(ranks=self.trainers)
 

@@ -118,16 +118,17 @@ class TrainerGroup:
         vllm_engines: list[Any],
         ranks_per_engine: int,
         transport: str = "auto",
+        colocated: bool = False,
     ) -> None:
-        """Give rank 0 the engines it pushes weights to, over ``transport``
-        (``topology.weight_transport``)."""
+        """Give the ranks the engines rank 0 pushes weights to, over ``transport``
+        (``topology.weight_transport``; the other ranks take part in ``ipc`` pushes)."""
         self._all(
             "connect_engines",
             inference_actors,
             vllm_engines,
             ranks_per_engine,
             transport,
-            ranks=[0],
+            colocated,
         )
 
     def train(self, batch: TensorDictBase, step: int) -> dict[str, float]:

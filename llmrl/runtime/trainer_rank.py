@@ -125,13 +125,16 @@ class TrainerRank:
         vllm_engines: list[Any],
         ranks_per_engine: int,
         transport: str = "auto",
+        colocated: bool = False,
     ) -> None:
-        """Rank 0: the weight updater towards the engines, as ``topology.weight_transport``
-        says (:func:`~llmrl.transports.selection.make_weight_updater`)."""
-        if self.rank != 0:
-            return
-        from llmrl.transports.selection import make_weight_updater
+        """The weight updater towards the engines, as ``topology.weight_transport`` says
+        (:func:`~llmrl.transports.selection.make_weight_updater`): rank 0's; the other ranks
+        have one only for vLLM's ``ipc`` engine, where each shares its GPU's copy."""
+        from llmrl.transports.selection import engine_weight_backend, make_weight_updater
 
+        ipc = engine_weight_backend(transport, colocated, torch.cuda.is_available()) == "ipc"
+        if self.rank != 0 and not (ipc and vllm_engines):
+            return
         runtime = self.config.runtime
         self.weight_updater = make_weight_updater(
             transport,
@@ -141,6 +144,8 @@ class TrainerRank:
             _node_address(),
             push_timeout_s=runtime.timeouts.weight_push_s,
             collective_timeout_s=runtime.collective_timeout_s,
+            colocated=colocated,
+            rank=self.rank,
         )
 
     def train(
@@ -155,9 +160,10 @@ class TrainerRank:
         """Send the current weights, cast to ``model.dtype``, to the engines as ``version``;
         the push's stats (rank 0; None elsewhere)."""
         weights = distributed.full_state_dict(self.trainer.model)  # collective under FSDP
-        if self.rank != 0:
+        if self.weight_updater is None:
             return None
-        return self.weight_updater.push(self.precision.export(weights), version=version)
+        stats = self.weight_updater.push(self.precision.export(weights), version=version)
+        return stats if self.rank == 0 else None
 
     def restore_engine(self, old: Any, new: Any) -> bool:
         """Rank 0: load the last pushed weights into a rebuilt inference actor ``new``;

@@ -50,12 +50,15 @@ __all__ = [
     "Strategy",
     "Topology",
     "TrainerSpec",
+    "VLLMWeightBackend",
     "WeightTransport",
 ]
 
 Strategy = Literal["single", "ddp", "fsdp"]
 ReferencePlacement = Literal["with_trainer", "dedicated", "none"]
 WeightTransport = Literal["auto", "object_store", "broadcast", "vllm"]
+VLLMWeightBackend = Literal["llmrl_file", "nccl", "ipc"]
+"""vLLM's weight-transfer engine a ``vllm`` transport uses (:mod:`llmrl.transports.vllm`)."""
 
 
 class InferenceSpec(EngineSpec):
@@ -202,8 +205,9 @@ class Topology(ConfigModel):
         description=(
             "how the trainer's weights reach the engines after each step: 'object_store' (Ray's "
             "object store), 'broadcast' (buckets over a process group: gloo on CPU, NCCL on "
-            "GPUs; transformers engines), 'vllm' (straight into the vllm engines: NCCL on GPUs, "
-            "a checked file on CPU), or 'auto' (vllm on GPUs, object_store otherwise)"
+            "GPUs; transformers engines), 'vllm' (straight into the vllm engines through vLLM's "
+            "weight-transfer engines: 'ipc' when colocated, 'nccl' on other GPUs, llmrl's "
+            "checked file on CPU), or 'auto' (vllm on GPUs, object_store otherwise)"
         ),
     )
     teacher: ModelRoleSpec | None = Field(

@@ -12,8 +12,9 @@ Two contracts, as prime-rl keeps them:
   Behind it: :class:`InProcessWeightUpdater` (a policy in this process),
   :class:`RayObjectStoreWeightUpdater` (one ``ray.put``, every actor loads it),
   :class:`BroadcastWeightUpdater` (buckets over a process group: gloo on CPU, NCCL on GPUs),
-  and the vLLM path (:class:`VLLMFileWeightUpdater`, :class:`VLLMNCCLWeightUpdater`), chosen by
-  ``topology.weight_transport`` (:func:`make_weight_updater`).
+  and :class:`VLLMWeightUpdater` (straight into vLLM engines through vLLM's own weight-transfer
+  engines, ``nccl`` or ``ipc``, or llmrl's ``llmrl_file`` on its CPU build), chosen by
+  ``topology.weight_transport`` (:func:`~llmrl.transports.selection.make_weight_updater`).
 - **rollouts** (env workers -> trainer): ``RolloutSender.send(batch)`` and
   ``RolloutReceiver.receive() -> batch``, a :class:`RolloutBatch` of finished trajectories in
   which every sample carries its ``policy_version`` (a sample without one is refused).
@@ -41,7 +42,7 @@ from llmrl.transports.rollouts import (
     in_process_rollouts,
     ray_rollouts,
 )
-from llmrl.transports.vllm import VLLMFileWeightUpdater, VLLMNCCLWeightUpdater
+from llmrl.transports.vllm import VLLMWeightUpdater
 from llmrl.transports.weights import (
     VersionOnlyUpdater,
     WeightSyncStats,
@@ -59,8 +60,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutReceiver",
     "RolloutSender",
-    "VLLMFileWeightUpdater",
-    "VLLMNCCLWeightUpdater",
+    "VLLMWeightUpdater",
     "VersionOnlyUpdater",
     "WeightBroadcastGroup",
     "WeightChecksumError",

@@ -1,187 +1,204 @@
-"""The vLLM path: weights straight into :class:`~llmrl.policies.vllm_engine.VLLMEngine` actors.
+"""Weights straight into :class:`~llmrl.policies.vllm_engine.VLLMEngine` actors, through
+vLLM's own weight-transfer engines.
 
-- :class:`VLLMFileWeightUpdater` (vLLM's CPU build, engines on the trainer's node): the state
-  dict goes into the object store once; every engine checks its checksum, writes it to a
-  safetensors file in ``/dev/shm`` and loads it through vLLM's weight-transfer API, whose
-  workers check the file's SHA-256 before touching the model
-  (:mod:`llmrl.policies.vllm_file_transfer`).
-- :class:`VLLMNCCLWeightUpdater` (engines on GPUs): the trainer joins an NCCL group with every
-  engine worker as rank 0 and broadcasts each tensor from its GPU, with its fingerprint; each
-  worker checks a tensor's fingerprint before loading it.
+One updater, :class:`VLLMWeightUpdater`, and one call sequence for every backend; only the
+backend moves the bytes:
 
-An engine reports, as the checksum of what it holds, the checksum it *verified* (of the
-tensors it wrote to the file, or of the fingerprints it checked tensor by tensor): vLLM fuses
-and repacks parameters (q/k/v, gate/up, oneDNN buffers) so its own state dict cannot be
-fingerprinted under the trainer's names. Both updaters also record the version in the
-inference actors that front the engines (``fronts``), which stamp it on their samples.
+==============  ======================================================================
+``backend``     how the tensors travel
+==============  ======================================================================
+``nccl``        vLLM's NCCL engine: the trainer (rank 0 of a group with every engine
+                worker) broadcasts them from its GPU; engines on other GPUs or nodes
+``ipc``         vLLM's CUDA IPC engine: every engine worker maps the trainer rank's
+                tensors on its own GPU (the colocated layout: engines on the trainer's GPUs)
+``llmrl_file``  llmrl's backend (:mod:`llmrl.policies.vllm_file_transfer`): one safetensors
+                file in ``/dev/shm`` of the trainer's node, checked by SHA-256 (vLLM's CPU
+                build; engines on the trainer's node)
+==============  ======================================================================
+
+A push (:meth:`VLLMWeightUpdater.push`):
+
+1. every engine starts recording what its model loads (``begin_weight_audit``, see
+   :mod:`llmrl.policies.vllm_worker_extension`);
+2. vLLM's trainer engine of the backend (:func:`~llmrl.policies.vllm_transfer.trainer_engine`,
+   made on the first push) sends the weights: ``start_weight_update``, ``update_weights``,
+   ``finish_weight_update`` on every engine (:class:`~llmrl.policies.vllm_transfer.
+   EngineClient`), each engine then dropping its prefix cache;
+3. every engine returns the checksum of the tensors its model loaded (``end_weight_audit``):
+   what the engine verified, compared with the trainer's by the audit;
+4. the version is set in every engine and in the inference actors in front of them
+   (``fronts``), which stamp it on their samples.
+
+The whole push runs within ``push_timeout_s`` (``runtime.timeouts.weight_push_s``): a send that
+outlives it (an engine stuck in an NCCL call leaves the trainer stuck in its broadcast) raises
+:class:`~llmrl.core.deadlines.CallTimeout` naming the backend and the version.
+
+Multi-rank trainers (``ipc`` under DDP: each rank shares its GPU's copy with the engine worker
+on that GPU) build one updater per rank and push on every rank; rank 0 alone talks to the
+engines.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, get_args
 
-import torch
-
-from llmrl.core.errors import MissingExtraError
+from llmrl.core.deadlines import CallTimeout, Hung
 from llmrl.core.ray_helpers import free_port, import_ray
-from llmrl.core.weights_checksum import checksum_entry, combine_entries, weights_checksum
-from llmrl.transports.weights import Delivery, Weights, WeightUpdater, as_state_dict
+from llmrl.core.weights_checksum import weights_checksum
+from llmrl.topology.spec import VLLMWeightBackend
+from llmrl.transports.weights import (
+    PUSH_SETTING,
+    Delivery,
+    Weights,
+    WeightUpdater,
+    as_state_dict,
+    state_dict_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
-
-class VLLMFileWeightUpdater(WeightUpdater):
-    """Weights to vLLM engine actors through the object store and a checked file each.
-
-    Args:
-        engines: Ray actor handles of :class:`~llmrl.policies.vllm_engine.VLLMEngine`.
-        fronts: the inference actors in front of them (their version is set after a push).
-        source: the trainer model pushed by default.
-    """
-
-    def __init__(
-        self, engines: list[Any], fronts: Sequence[Any] = (), source: Weights | None = None
-    ) -> None:
-        super().__init__(source)
-        if not engines:
-            raise ValueError("VLLMFileWeightUpdater needs at least one engine")
-        self.engines, self.fronts = list(engines), list(fronts)
-
-    def _push(self, weights: Weights, version: int) -> Delivery:
-        ray = import_ray("Pushing weights to vLLM engine actors")
-        state = {name: tensor.detach().cpu() for name, tensor in as_state_dict(weights).items()}
-        checksum = weights_checksum(state)
-        pairs = ray.put(list(state.items()))
-        loads = [engine.load_weights.remote(pairs, version, checksum) for engine in self.engines]
-        self._await(loads, version, "load_weights (file)", "loading")
-        stamps = [front.set_version.remote(version) for front in self.fronts]
-        self._await(stamps, version, "set_version", "stamping the version")
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        return Delivery(nbytes, checksum, (checksum,) * len(self.engines))
+VLLM_BACKENDS: tuple[str, ...] = get_args(VLLMWeightBackend)
 
 
-class VLLMNCCLWeightUpdater(WeightUpdater):
-    """Broadcast weights over NCCL from the trainer's GPU to vLLM engine actors.
-
-    Assumes: CUDA and vLLM in this (trainer) process; ``engines`` are Ray actor handles of
-    :class:`~llmrl.policies.vllm_engine.VLLMEngine` built with the llmrl worker extension
-    (the default), each with ``ranks_per_engine`` workers (its tensor-parallel size); every
-    engine worker can reach ``master_address:master_port`` (TCP rendezvous) and the trainer's
-    GPU over NCCL. The group has ``1 + len(engines) * ranks_per_engine`` members: the trainer is
-    rank 0, engine ``i``'s workers are ranks ``1 + i * ranks_per_engine`` onwards.
-
-    The group is made on the first push (or :meth:`init_group`): every engine is asked to join
-    (a Ray call that returns once all members have), then this process joins. Per tensor, the
-    engines are told its name, dtype, shape and fingerprint (they allocate and wait in
-    ``broadcast``), the trainer broadcasts it from rank 0 and waits for them to check and load
-    it. Finally every engine returns the checksum of the fingerprints it checked and drops its
-    prefix cache, whose KV entries came from the old weights. A tensor whose fingerprint does
-    not match is refused; the tensors before it are already loaded (no staging copy on the
-    GPU), and the push raises.
+class VLLMWeightUpdater(WeightUpdater):
+    """Pushes weights into vLLM engine actors through vLLM's weight-transfer engine of
+    ``backend`` (see the module docstring).
 
     Args:
-        engines: the engine actors.
-        master_address: address of this process as the engines see it.
-        master_port: rendezvous port; None picks a free one.
-        ranks_per_engine: workers per engine (tensor parallel size).
-        device: the trainer's GPU (default: the current CUDA device).
-        source: the trainer model pushed by default.
+        engines: Ray actor handles of :class:`~llmrl.policies.vllm_engine.VLLMEngine`, built
+            with ``weight_backend=backend``.
+        backend: ``nccl``, ``ipc`` or ``llmrl_file``.
         fronts: the inference actors in front of the engines (their version is set).
+        ranks_per_engine: workers per engine (its tensor-parallel size).
+        rank: this trainer rank (0 sends; the others only take part in the trainer's
+            collectives, ``ipc`` under several ranks).
+        master_address: this process's address as the engines see it (``nccl``).
+        master_port: the NCCL rendezvous port; None picks a free one.
+        folder: where ``llmrl_file`` writes its files (None: ``/dev/shm``).
+        source: the trainer model pushed by default.
     """
 
     def __init__(
         self,
-        engines: list[Any],
+        engines: Sequence[Any],
+        *,
+        backend: str,
+        fronts: Sequence[Any] = (),
+        ranks_per_engine: int = 1,
+        rank: int = 0,
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
-        ranks_per_engine: int = 1,
-        device: torch.device | str | None = None,
+        folder: str | None = None,
         source: Weights | None = None,
-        fronts: Sequence[Any] = (),
     ) -> None:
         super().__init__(source)
+        if backend not in VLLM_BACKENDS:
+            raise ValueError(
+                f"vLLM weight backend must be one of {', '.join(VLLM_BACKENDS)}; got {backend!r}"
+            )
         if not engines:
-            raise ValueError("VLLMNCCLWeightUpdater needs at least one engine")
+            raise ValueError("VLLMWeightUpdater needs at least one engine")
         if ranks_per_engine < 1:
             raise ValueError(f"ranks_per_engine must be >= 1, got {ranks_per_engine}")
         self.engines, self.fronts = list(engines), list(fronts)
-        self.master_address = master_address
-        self.master_port = master_port
-        self.ranks_per_engine = ranks_per_engine
-        self.device = device
-        self._comm: Any = None
+        self.backend, self.ranks_per_engine, self.rank = backend, ranks_per_engine, rank
+        self.master_address, self.master_port, self.folder = master_address, master_port, folder
+        self._sender: Any = None
+        self._version = 0
 
     @property
     def world_size(self) -> int:
-        """The trainer plus every engine worker."""
+        """The NCCL group: the trainer plus every engine worker."""
         return 1 + len(self.engines) * self.ranks_per_engine
 
-    def init_group(self) -> None:
-        """Make the NCCL group with every engine (idempotent)."""
-        if self._comm is not None:
-            return
-        ray = import_ray("Broadcasting weights to vLLM engine actors")
-        if any(not isinstance(engine, ray.actor.ActorHandle) for engine in self.engines):
-            raise TypeError("VLLMNCCLWeightUpdater engines must be Ray actors of VLLMEngine")
-        if not torch.cuda.is_available():
-            raise RuntimeError("VLLMNCCLWeightUpdater needs a CUDA GPU in the trainer process")
-        try:
-            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-            from vllm.distributed.utils import StatelessProcessGroup
-        except ImportError as error:
-            raise MissingExtraError("vllm", "gpu", "NCCL weight updates") from error
-        device = torch.device(self.device or f"cuda:{torch.cuda.current_device()}")
-        self.device = device
-        port = self.master_port or free_port()
-        self.master_port = port
-        joins = [
-            engine.init_weight_update_group.remote(
-                self.master_address, port, 1 + index * self.ranks_per_engine, self.world_size
-            )
-            for index, engine in enumerate(self.engines)
-        ]
-        group = StatelessProcessGroup.create(
-            host=self.master_address, port=port, rank=0, world_size=self.world_size
-        )
-        self._comm = PyNcclCommunicator(group, device=device)
-        ray.get(joins)
-        logger.info(
-            "NCCL weight-update group ready: %d engine(s), world size %d, %s:%d",
-            len(self.engines),
-            self.world_size,
-            self.master_address,
-            port,
-        )
-
     def _push(self, weights: Weights, version: int) -> Delivery:
-        self.init_group()
-        import_ray("Broadcasting weights to vLLM engine actors")
-        nbytes = 0
-        stream = torch.cuda.current_stream(self.device)
-        entries = []
-        for name, tensor in as_state_dict(weights).items():
-            tensor = tensor.detach().to(self.device).contiguous()
-            entry = checksum_entry(name, tensor)  # on the GPU
-            entries.append(entry)
-            _, dtype_name, shape, fingerprint = entry
-            receives = [
-                engine.update_weight_from_broadcast.remote(
-                    name, dtype_name, list(shape), fingerprint
-                )
-                for engine in self.engines
-            ]
-            self._comm.broadcast(tensor, src=0, stream=stream)
-            self._await(receives, version, f"update_weight_from_broadcast {name}", "loading")
-            nbytes += tensor.numel() * tensor.element_size()
-        torch.cuda.synchronize(self.device)
-        finish = [engine.finish_broadcast_update.remote(version) for engine in self.engines]
-        held = self._await(finish, version, "finish_broadcast_update", "verifying")
-        stamps = [front.set_version.remote(version) for front in self.fronts]
-        self._await(stamps, version, "set_version", "stamping the version")
-        return Delivery(nbytes, combine_entries(entries), tuple(held))
+        from llmrl.policies.vllm_transfer import StateSource
+
+        self._version = version
+        source = StateSource(as_state_dict(weights))
+        sender = self._within_deadline(lambda: self._connect(source), "connecting")
+        sender.source = source  # vLLM's trainer engines replay their source on every send
+        if self.rank != 0:
+            sender.send_weights()
+            return Delivery(0)
+        self._on_engines("begin_weight_audit", "auditing")
+        self._within_deadline(sender.send_weights, "sending")
+        held = self._on_engines("end_weight_audit", "verifying")
+        self._on_engines("set_weight_version", "stamping the version", version)
+        if self.fronts:
+            stamps = [front.set_version.remote(version) for front in self.fronts]
+            self._await(stamps, version, "set_version", "stamping the version")
+        return Delivery(state_dict_bytes(source.state), weights_checksum(source.state), tuple(held))
+
+    def _connect(self, source: Any) -> Any:
+        """vLLM's trainer engine of the backend, joined with the engines (first push)."""
+        if self._sender is not None:
+            return self._sender
+        import_ray("Pushing weights to vLLM engine actors")
+        from llmrl.policies.vllm_transfer import EngineClient, trainer_engine
+
+        if self.backend == "nccl" and self.master_port is None:
+            self.master_port = free_port()
+        client = EngineClient(self.engines, self.ranks_per_engine, self._wait)
+        self._sender = trainer_engine(
+            self.backend,
+            client,
+            source,
+            rank=self.rank,
+            world_size=self.world_size,
+            master_address=self.master_address,
+            master_port=self.master_port or 0,
+            folder=self.folder,
+        )
+        logger.info(
+            "vLLM weight transfer (%s) ready: %d engine(s) x %d worker(s)",
+            self.backend,
+            len(self.engines),
+            self.ranks_per_engine,
+        )
+        return self._sender
+
+    def _wait(self, refs: list[Any], call: str, phase: str) -> list[Any]:
+        return self._await(refs, self._version, call, phase)
+
+    def _on_engines(self, method: str, phase: str, *args: Any) -> list[Any]:
+        refs = [getattr(engine, method).remote(*args) for engine in self.engines]
+        return self._await(refs, self._version, method, phase)
+
+    def _within_deadline(self, work: Callable[[], Any], phase: str) -> Any:
+        """``work()`` on a helper thread, waited for within the push's deadline: an engine
+        stuck in a collective leaves the trainer's side stuck in it too, and only a wait
+        from outside can give up on it."""
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = work()
+            except BaseException as error:  # handed to the waiting thread
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name=f"vllm-{self.backend}-{phase}", daemon=True)
+        thread.start()
+        deadline = getattr(self, "_deadline", None)
+        thread.join(deadline.left() if deadline is not None else self.push_timeout_s)
+        if thread.is_alive():
+            hung = Hung(
+                role="inference engines",
+                call=f"vLLM weight transfer ({self.backend})",
+                phase=phase,
+                version=self._version,
+                setting=PUSH_SETTING,
+            )
+            raise CallTimeout(hung, self.push_timeout_s)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
 
     def close(self) -> None:
-        """Forget the NCCL communicator (the next push makes a new group)."""
-        self._comm = None
+        """Tear the trainer engine down (the next push joins again)."""
+        if self._sender is not None:
+            self._sender.shutdown()
+        self._sender = None

@@ -9,35 +9,45 @@ from llmrl.topology import Topology
 from llmrl.transports import (
     BroadcastWeightUpdater,
     RayObjectStoreWeightUpdater,
-    VLLMFileWeightUpdater,
-    VLLMNCCLWeightUpdater,
+    VLLMWeightUpdater,
 )
-from llmrl.transports.selection import make_weight_updater
+from llmrl.transports.selection import engine_weight_backend, make_weight_updater
 
 ACTORS, ENGINES = ["front-0", "front-1"], ["engine-0", "engine-1"]
 
 
 @pytest.mark.parametrize(
-    ("transport", "engines", "cuda", "expected"),
+    ("transport", "engines", "cuda", "colocated", "expected", "backend"),
     [
-        ("auto", [], False, RayObjectStoreWeightUpdater),
-        ("auto", ENGINES, False, RayObjectStoreWeightUpdater),  # today's CPU choice
-        ("auto", ENGINES, True, VLLMNCCLWeightUpdater),
-        ("object_store", ENGINES, True, RayObjectStoreWeightUpdater),
-        ("broadcast", [], False, BroadcastWeightUpdater),
-        ("vllm", ENGINES, False, VLLMFileWeightUpdater),
-        ("vllm", ENGINES, True, VLLMNCCLWeightUpdater),
+        ("auto", [], False, False, RayObjectStoreWeightUpdater, None),
+        ("auto", ENGINES, False, False, RayObjectStoreWeightUpdater, None),  # the CPU choice
+        ("auto", ENGINES, True, False, VLLMWeightUpdater, "nccl"),
+        ("auto", ENGINES, True, True, VLLMWeightUpdater, "ipc"),
+        ("object_store", ENGINES, True, False, RayObjectStoreWeightUpdater, None),
+        ("broadcast", [], False, False, BroadcastWeightUpdater, None),
+        ("vllm", ENGINES, False, False, VLLMWeightUpdater, "llmrl_file"),
+        ("vllm", ENGINES, True, False, VLLMWeightUpdater, "nccl"),
+        ("vllm", ENGINES, True, True, VLLMWeightUpdater, "ipc"),
     ],
 )
-def test_each_transport_is_chosen_by_configuration(transport, engines, cuda, expected):
-    updater = make_weight_updater(transport, ACTORS, engines, 1, "10.0.0.1", cuda=cuda)
+def test_each_transport_is_chosen_by_configuration(
+    transport, engines, cuda, colocated, expected, backend
+):
+    updater = make_weight_updater(
+        transport, ACTORS, engines, 2, "10.0.0.1", cuda=cuda, colocated=colocated, rank=1
+    )
     assert type(updater) is expected
     if expected is BroadcastWeightUpdater:
         assert updater.backend == "gloo" and updater.address == "10.0.0.1"
-    if expected in (VLLMFileWeightUpdater, VLLMNCCLWeightUpdater):
+    if expected is VLLMWeightUpdater:
         assert updater.engines == ENGINES and updater.fronts == ACTORS, "versions reach fronts"
+        assert (updater.backend, updater.ranks_per_engine, updater.rank) == (backend, 2, 1)
+        assert updater.master_address == "10.0.0.1"
     else:
         assert updater.inference_actors == ACTORS
+    # the engines are built for what the trainer's updater sends
+    engine_backend = engine_weight_backend(transport, colocated, cuda)
+    assert engine_backend == (backend or "llmrl_file")
 
 
 def test_broadcast_uses_nccl_on_gpus():

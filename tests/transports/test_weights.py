@@ -15,7 +15,6 @@ from llmrl.models import tiny_model
 from llmrl.policies import TransformersWrapper
 from llmrl.transports import (
     InProcessWeightUpdater,
-    VLLMNCCLWeightUpdater,
     WeightSyncStats,
     weights_checksum,
 )
@@ -105,35 +104,36 @@ def test_push_needs_weights():
         InProcessWeightUpdater(object()).push({"w": torch.zeros(1)})
 
 
-def test_nccl_updater_checks_its_arguments():
-    with pytest.raises(ValueError, match="at least one engine"):
-        VLLMNCCLWeightUpdater([])
-    updater = VLLMNCCLWeightUpdater(["engine-a", "engine-b"], ranks_per_engine=2)
-    assert updater.world_size == 5
-
-
 @pytest.mark.integration
 @pytest.mark.skipif(
-    not HAS_CUDA_AND_VLLM, reason="the NCCL weight updater needs a CUDA GPU and vLLM installed"
+    not HAS_CUDA_AND_VLLM, reason="vLLM's NCCL weight-transfer engine needs a CUDA GPU and vLLM"
 )
-def test_nccl_broadcast_makes_a_vllm_engine_match_the_trainer(tokenizer):
+def test_nccl_transfer_makes_a_vllm_engine_match_the_trainer(tokenizer):
     import ray
 
     from llmrl.models import load_model
-    from llmrl.policies.vllm_engine import create_ray_engines
+    from llmrl.policies.vllm_engine import VLLMEngine
+    from llmrl.transports import VLLMWeightUpdater
 
     if not ray.is_initialized():
         ray.init()
-    engines = create_ray_engines(
-        "smollm2-135m-instruct", num_engines=1, gpu_memory_utilization=0.3, dtype="float32"
+    engine = (
+        ray.remote(VLLMEngine)
+        .options(num_gpus=1)
+        .remote(
+            "smollm2-135m-instruct",
+            gpu_memory_utilization=0.3,
+            dtype="float32",
+            weight_backend="nccl",
+        )
     )
     try:
         trainer = perturbed(load_model("smollm2-135m-instruct", dtype="float32")).cuda()
         sequence = tokenizer("Hello there, how are you today?")["input_ids"]
-        updater = VLLMNCCLWeightUpdater(engines, source=trainer)
+        updater = VLLMWeightUpdater([engine], backend="nccl", source=trainer)
         stats = updater.push()
-        assert stats.version == 1 and stats.bytes > 0
-        (remote,) = ray.get(engines[0].prompt_log_probs.remote([list(sequence)]))
+        assert stats.version == 1 and stats.engine_checksums == (stats.checksum,)
+        (remote,) = ray.get(engine.prompt_log_probs.remote([list(sequence)]))
         local = TransformersWrapper(trainer, tokenizer)._score([torch.tensor(sequence)])
         # Not derived: two engines' fp32 CUDA kernels (vLLM's vs HF's) differ in all 30 layers,
         # not only in the vocabulary's lse (summation_atol(1 + max|z|, 49152) alone is ~3e-3
@@ -143,5 +143,4 @@ def test_nccl_broadcast_makes_a_vllm_engine_match_the_trainer(tokenizer):
             torch.tensor(remote), local.log_probs[0].cpu(), atol=2e-3, rtol=1e-3
         )
     finally:
-        for engine in engines:
-            ray.kill(engine)
+        ray.kill(engine)

@@ -51,6 +51,11 @@ def test_grpo_on_a_vllm_cpu_engine_keeps_the_engine_equal_to_the_trainer(
         "checkpoint.keep_last=3",
         "prompts_per_step=4",
         "num_samples=2",
+        # rank 0 pushes straight into the engine through vLLM's weight-transfer API, the call
+        # sequence vLLM's nccl and ipc engines take on GPUs (the shipped config's 'auto' goes
+        # through the Ray object store and the inference actor, as the other vLLM runtime
+        # tests do)
+        "topology.weight_transport=vllm",
     )
     assert config.topology.inference.backend == "vllm"
     assert config.topology.inference.engine_gpus == 0 and config.topology.trainer.world_size == 2
