@@ -62,6 +62,10 @@ logger = logging.getLogger(__name__)
 
 VLLM_BACKENDS: tuple[str, ...] = get_args(VLLMWeightBackend)
 
+SENDER_GRACE_S = 2.0
+"""How long past the push's deadline the trainer's side may take before it is declared hung (an
+engine that hung is named by its own call's timeout at the deadline itself)."""
+
 
 class VLLMWeightUpdater(WeightUpdater):
     """Pushes weights into vLLM engine actors through vLLM's weight-transfer engine of
@@ -183,7 +187,10 @@ class VLLMWeightUpdater(WeightUpdater):
         thread = threading.Thread(target=run, name=f"vllm-{self.backend}-{phase}", daemon=True)
         thread.start()
         deadline = getattr(self, "_deadline", None)
-        thread.join(deadline.left() if deadline is not None else self.push_timeout_s)
+        left = deadline.left() if deadline is not None else self.push_timeout_s
+        # the engines' calls inside have the same deadline and name the engine and the call;
+        # this wait outlasts them a little, and only fires when the trainer's side is stuck
+        thread.join(left + SENDER_GRACE_S)
         if thread.is_alive():
             hung = Hung(
                 role="inference engines",

@@ -34,11 +34,14 @@ PROBE = [1, 9690, 198, 504, 3458, 28, 253, 9516, 30, 216, 33, 34]
 
 class RecordingEngine:
     """The client calls of ``VLLMEngine``, recorded (with the file each update names, read
-    back); ``update_weights`` sleeps ``stall_s`` first."""
+    back); ``update_weights`` sleeps ``stall_s`` first (:meth:`stall`)."""
 
-    def __init__(self, stall_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.calls: list[tuple] = []
-        self.stall_s = stall_s
+        self.stall_s = 0.0
+
+    def stall(self, seconds: float) -> None:
+        self.stall_s = seconds
 
     def begin_weight_audit(self) -> None:
         self.calls.append(("begin_weight_audit",))
@@ -107,8 +110,8 @@ def test_every_push_is_one_call_sequence_on_every_engine(local_ray, actors, tmp_
             ("finish_weight_update",),
             ("end_weight_audit",),
         ]
-        expected = [push[0], ("init_weight_transfer_engine", {}), *push[1:]]
-        expected += [("set_weight_version", 1), *push, ("set_weight_version", 2)]
+        expected = [("init_weight_transfer_engine", {}), *push, ("set_weight_version", 1)]
+        expected += [*push, ("set_weight_version", 2)]
         assert [call[:2] for call in calls] == expected, "joined once, then the same calls"
     assert ray.get(front.recorded.remote()) == [1, 2]
     assert list(tmp_path.iterdir()) == [], "each push's file is deleted"
@@ -116,8 +119,10 @@ def test_every_push_is_one_call_sequence_on_every_engine(local_ray, actors, tmp_
 
 def test_a_push_past_its_deadline_names_the_call_and_the_setting(local_ray, actors, tmp_path):
     ray = local_ray
-    engine = ray.remote(RecordingEngine).options(**actors).remote(stall_s=30.0)
+    engine = ray.remote(RecordingEngine).options(**actors).remote()
     updater = VLLMWeightUpdater([engine], backend="llmrl_file", folder=str(tmp_path))
+    updater.push({"w": torch.zeros(2)}, version=3)  # joined, within the default deadline
+    ray.get(engine.stall.remote(30.0))
     updater.push_timeout_s = 2.0
     start = time.monotonic()
     with pytest.raises(CallTimeout) as caught:
@@ -126,7 +131,7 @@ def test_a_push_past_its_deadline_names_the_call_and_the_setting(local_ray, acto
     message = str(caught.value)
     assert "update_weights" in message and "phase loading" in message
     assert "version 4" in message and "runtime.timeouts.weight_push_s" in message
-    assert updater.version == 0, "a failed push makes no version"
+    assert updater.version == 3, "a failed push makes no version"
     ray.kill(engine)
 
 
