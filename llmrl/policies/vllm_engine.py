@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from llmrl.core.errors import MissingExtraError
-from llmrl.core.weights_checksum import verify_checksum
+from llmrl.core.weights_checksum import verify_checksum, weights_checksum
 from llmrl.policies import vllm_file_transfer
+from llmrl.policies.vllm_lora import VLLMAdapterSlot
 from llmrl.policies.vllm_worker_extension import WORKER_EXTENSION
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class VLLMEngine:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         self.model = str(options["model"])
         self.llm: vllm.LLM = vllm.LLM(**options)
+        self.adapter = VLLMAdapterSlot(llm=self.llm, label=self.model)
         self.weight_backend = weight_backend
         self.weight_folder: str | None = None
         self._file_sender: Any = None
@@ -146,6 +148,7 @@ class VLLMEngine:
         engine.weight_backend = getattr(transfer, "backend", None)
         config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
         engine.model = str(getattr(config, "model", "vllm.LLM"))
+        engine.adapter = VLLMAdapterSlot(llm=llm, label=engine.model)
         return engine
 
     # ------------------------------------------------------------------ inference
@@ -179,7 +182,9 @@ class VLLMEngine:
         params: Any = SamplingParams(**base)
         if seeds is not None:
             params = [SamplingParams(**{**base, "seed": seed}) for seed in seeds]
-        outputs = self.llm.generate(_token_prompts(prompts), params, use_tqdm=False)
+        outputs = self.llm.generate(
+            _token_prompts(prompts), params, use_tqdm=False, lora_request=self.adapter.request
+        )
         results = []
         for request in outputs:
             samples = []
@@ -208,7 +213,10 @@ class VLLMEngine:
         # with sampling transforms; the one token sampled is thrown away.
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         outputs = self.llm.generate(
-            _token_prompts([sequences[i] for i in kept]), params, use_tqdm=False
+            _token_prompts([sequences[i] for i in kept]),
+            params,
+            use_tqdm=False,
+            lora_request=self.adapter.request,
         )
         for index, request in zip(kept, outputs, strict=True):
             results[index] = _prompt_log_probs(sequences[index], request.prompt_logprobs)
@@ -249,6 +257,33 @@ class VLLMEngine:
         if version is not None:
             self.set_weight_version(version)
         return sum(t.numel() * t.element_size() for t in source.state.values())
+
+    def load_adapter(
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        lora_config: dict[str, Any],
+        version: int,
+        checksum: str | None = None,
+    ) -> str:
+        """Serve a LoRA adapter over the base weights from now on; the checksum verified.
+
+        ``named_tensors``: the adapter's tensors under peft's names
+        (``peft.get_peft_model_state_dict``); ``lora_config``: ``r``, ``lora_alpha``,
+        ``target_modules``, ``lora_dropout``. The engine must be built with
+        :func:`~llmrl.policies.vllm_lora.lora_engine_options`. A ``checksum`` mismatch
+        (:class:`~llmrl.core.weights_checksum.WeightChecksumError`) or a refused adapter leaves
+        the engine serving what it served; else the adapter gets a new vLLM id, the previous
+        one is unloaded, ``version`` becomes :meth:`weight_version` and the prefix cache goes.
+        """
+        tensors = dict(named_tensors)
+        if checksum is None:
+            checksum = weights_checksum(tensors)
+        else:
+            verify_checksum(tensors, checksum, f"vLLM engine {self.model!r}")
+        self.adapter.load(tensors, lora_config, version)
+        self.set_weight_version(version)
+        self.reset_prefix_cache()
+        return checksum
 
     # vLLM's weight-sync client calls (VLLMWeightSyncClient), as vLLM's trainer engines and
     # llmrl's EngineClient drive them, whatever the backend.
@@ -329,6 +364,7 @@ class VLLMEngine:
         """Stop the engine's processes (its engine core and workers); the engine is unusable
         afterwards."""
         self.llm.llm_engine.engine_core.shutdown()
+        self.adapter.close()
 
     def __repr__(self) -> str:
         return f"VLLMEngine({self.model!r})"
