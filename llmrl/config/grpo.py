@@ -382,6 +382,13 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
             "them); set topology.reference.placement: dedicated (or use loss.kl_to_ref_coeff)"
         )
     problems.extend(_model_role_problems(config, topology))
+    if topology.colocated and config.mode != "sync":
+        problems.append(
+            f"mode: {config.mode!r} with topology.colocated: the colocated engines sleep while the "
+            "trainer ranks step, and an engine cannot sample while it sleeps, so sampling cannot "
+            f"run ahead of training (max_staleness {config.max_staleness}); set mode: sync (or "
+            "topology.colocated: false)"
+        )
     if config.lora.enabled and topology.trainer.strategy == "fsdp":
         problems.append(
             "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path; use "

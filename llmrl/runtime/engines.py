@@ -218,7 +218,8 @@ def _start_vllm_engine(
     weight_backend: str = "llmrl_file",
 ) -> Any:
     """The ``VLLMEngine`` actor of engine ``index`` on its first bundle (tensor parallel:
-    vLLM's Ray executor puts one worker on each bundle of the engine's group)."""
+    vLLM's Ray executor puts one worker on each bundle of the engine's group); colocated, with
+    vLLM's sleep mode (:mod:`llmrl.runtime.colocation`)."""
     import ray
 
     from llmrl.policies.vllm_engine import VLLMEngine
@@ -243,6 +244,7 @@ def _start_vllm_engine(
             enforce_eager=inference.enforce_eager,
             cpu_kv_cache_gb=inference.cpu_kv_cache_gb,
             weight_backend=weight_backend,
+            enable_sleep_mode=placement.topology.colocated,  # asleep while the ranks train
             **load_options_for_vllm(load_options),
         )
     )

@@ -9,6 +9,7 @@ Built from a :class:`~llmrl.config.grpo.GRPOConfig` and its :class:`~llmrl.topol
   :class:`~llmrl.envs.task_env.TaskEnv` over their shard of the prompts (rewards there);
   dead engines and workers are rebuilt mid-step;
 - **trainer ranks**: a :class:`~llmrl.runtime.trainer_group.TrainerGroup` (DDP / FSDP2);
+  colocated, the vLLM engines sleep while they train (:mod:`llmrl.runtime.colocation`);
 - **reference**: in each rank, or a dedicated actor scoring in the driver;
 - **model roles** (:mod:`llmrl.runtime.model_roles`): a judge and a reward model the env
   workers call for their rewards, a teacher scoring the trained rows in the driver;
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import deque
 from pathlib import Path
@@ -54,11 +56,11 @@ from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.objectives import build_advantage
 from llmrl.objectives.reward_shaping import RewardShaper
+from llmrl.runtime.colocation import EngineSleep, refuse_without_sleep_mode
 from llmrl.runtime.engines import EngineSet, inference_actor_options, start_engines
 from llmrl.runtime.env_workers import TaskEnvFactory, env_worker_options
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.runtime.trainer_group import TrainerGroup
-from llmrl.runtime.weights import TrainerRanksWeightUpdater
 from llmrl.topology import Topology, place_on_ray
 from llmrl.train.audit import AuditError, StepAudit
 from llmrl.transports.selection import engine_weight_backend
@@ -77,8 +79,6 @@ def resolve_topology(config: GRPOConfig) -> Topology:
     Raises:
         ConfigError: the topology file is unreadable or cannot run this config.
     """
-    import os
-
     topology, source = config.topology, "config"
     if topology is None and os.environ.get(TOPOLOGY_ENV):
         path = Path(os.environ[TOPOLOGY_ENV])
@@ -154,6 +154,7 @@ class GRPORuntime:
     ) -> None:
         """Place the roles, then start them; each step leaves in ``_parts`` how to stop what
         it started."""
+        refuse_without_sleep_mode(self.topology)  # colocated on vLLM's CPU build: no actor
         tick = time.perf_counter()
         timeout_s = self.config.runtime.placement_timeout_s
         self.placement = place_on_ray(self.topology, timeout_s=timeout_s)
@@ -283,7 +284,8 @@ class GRPORuntime:
             transport=self.topology.weight_transport,
             colocated=self.topology.colocated,
         )
-        self.collector.weight_updater = TrainerRanksWeightUpdater(ranks=self.trainers)
+        self.engine_sleep = EngineSleep.of(self.config, self.topology, engines.vllm_engines)
+        self.collector.weight_updater = self.engine_sleep.weight_updater(self.trainers)
 
     def _start_reference(self, runtime_env: dict[str, Any] | None) -> None:
         """The dedicated reference actor, when the config uses a reference and the topology
@@ -326,9 +328,8 @@ class GRPORuntime:
         if state:
             self.rollouts.load_state_dict(state["collector"])
             self.counters.update(state.get("counters", {}))
-            self.advantage.stats["dropped_zero_std_groups"] = self.counters[
-                "dropped_zero_std_groups"
-            ]
+            dropped = self.counters["dropped_zero_std_groups"]
+            self.advantage.stats["dropped_zero_std_groups"] = dropped
         if resume_from is not None:
             # the engines start from the model spec; after a resume they need the trained weights
             self.collector.weight_updater.push(version=self.policy_version)
@@ -347,10 +348,8 @@ class GRPORuntime:
     def _reference_scorer(self) -> Any:
         """REINFORCE++'s KL in the reward scores the batches with the dedicated reference
         before their advantages (``advantage.kl_in_reward_coeff``); None otherwise."""
-        reference = self.reference
-        if reference is None or self.config.advantage.kl_in_reward_coeff == 0:
+        if self.reference is None or self.config.advantage.kl_in_reward_coeff == 0:
             return None
-
         return self._score_with_reference
 
     def _score_with_reference(self, batch: TensorDictBase) -> TensorDictBase:
@@ -386,6 +385,7 @@ class GRPORuntime:
     def train(self, trained: TensorDictBase, number: int) -> dict[str, float]:
         """The teacher (distillation) and the dedicated reference score the rows (when there
         are), then every trainer rank learns from its groups; rank 0's metrics."""
+        self.engine_sleep.sleep(self.policy_version)  # colocated: the ranks take the GPUs
         trained = self.model_roles.score_with_teacher(trained)
         if self.reference is not None:
             trained = self._score_with_reference(trained)
@@ -406,11 +406,7 @@ class GRPORuntime:
     def save(self, step: int, extra: dict[str, Any], metrics: dict[str, float]) -> str:
         """Checkpoint ``step`` (rank 0 writes weights and optimizer; ``extra`` gains the
         collector's state and the counters); its path."""
-        state = {
-            **extra,
-            "collector": self.rollouts.state_dict(),
-            "counters": dict(self.counters),
-        }
+        state = {**extra, "collector": self.rollouts.state_dict(), "counters": dict(self.counters)}
         return self.trainers.save(step, state, metrics)
 
     def runtime_params(self) -> dict[str, Any]:
