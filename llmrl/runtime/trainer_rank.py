@@ -63,6 +63,7 @@ class TrainerRank:
         self.trainer: Any = None
         self.reference: Any = None
         self.weight_updater: Any = None
+        self.push_from_device = False  # vLLM's nccl / ipc engines: see connect_engines
         self.checkpoints: Any = None
         self.precision = TrainingPrecision.of(config.model)
 
@@ -132,8 +133,10 @@ class TrainerRank:
         have one only for vLLM's ``ipc`` engine, where each shares its GPU's copy."""
         from llmrl.transports.selection import engine_weight_backend, make_weight_updater
 
-        ipc = engine_weight_backend(transport, colocated, torch.cuda.is_available()) == "ipc"
-        if self.rank != 0 and not (ipc and vllm_engines):
+        backend = engine_weight_backend(transport, colocated, torch.cuda.is_available())
+        # vLLM's own engines send from the GPU; every rank gathers alike (FSDP)
+        self.push_from_device = bool(vllm_engines) and backend in ("nccl", "ipc")
+        if self.rank != 0 and not (vllm_engines and backend == "ipc"):
             return
         runtime = self.config.runtime
         self.weight_updater = make_weight_updater(
@@ -159,7 +162,11 @@ class TrainerRank:
     def push_weights(self, version: int) -> WeightSyncStats | None:
         """Send the current weights, cast to ``model.dtype``, to the engines as ``version``;
         the push's stats (rank 0; None elsewhere)."""
-        weights = distributed.full_state_dict(self.trainer.model)  # collective under FSDP
+        model = self.trainer.model
+        if self.push_from_device:  # every rank, on its GPU (collective under FSDP)
+            weights = distributed.device_state_dict(model)
+        else:  # rank 0, on CPU (collective under FSDP)
+            weights = distributed.full_state_dict(model)
         if self.weight_updater is None:
             return None
         stats = self.weight_updater.push(self.precision.export(weights), version=version)

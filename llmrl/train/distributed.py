@@ -15,7 +15,9 @@ Strategies (``topology.trainer.strategy``):
   scoring path does; see :func:`llmrl.policies.response_scoring.score_responses`).
 
 Full weights (for engines and checkpoints) come from :func:`full_state_dict`: one collective
-gather under FSDP, the rank's own tensors otherwise; only rank 0 receives them.
+gather under FSDP, the rank's own tensors otherwise; only rank 0 receives them, on CPU. vLLM's
+GPU weight-transfer engines take them from :func:`device_state_dict` instead: on every rank,
+on its device.
 """
 
 from __future__ import annotations
@@ -102,6 +104,24 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from llmrl.train.lora import inference_state_dict
 
     return inference_state_dict(unwrap(model))
+
+
+def device_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on this rank's device, on every rank (Hugging Face names, LoRA
+    adapters merged): what vLLM's ``nccl`` and ``ipc`` weight-transfer engines send from the
+    GPU (``ipc``: each rank shares its own copy). Under FSDP every rank must call it (one
+    gather, every layer whole on every rank's GPU at once); otherwise nothing is copied.
+    """
+    if is_fully_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        return get_model_state_dict(model, options=options)
+    from llmrl.train.lora import is_peft_model, merged_state_dict
+
+    inner = unwrap(model)
+    state = merged_state_dict(inner) if is_peft_model(inner) else inner.state_dict()
+    return {name: tensor.detach() for name, tensor in state.items()}
 
 
 def full_optimizer_state(

@@ -38,6 +38,8 @@ def test_ranks_hold_the_updaters_their_transport_needs(transport, engines, coloc
         trainer = rank(number)
         trainer.connect_engines(FRONTS, engines, 2, transport, colocated)
         held.append(trainer.weight_updater)
+        # vLLM's GPU engines send every rank's own device copy; the others rank 0's CPU copy
+        assert trainer.push_from_device is (backends[0] == "ipc")
     for number, (updater, backend) in enumerate(zip(held, backends, strict=True)):
         if backend is None:
             assert updater is None, f"rank {number} pushes nothing"
