@@ -172,6 +172,7 @@ bench: $(VENV)/.installed-run $(STAGE_VENV)/.installed
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python overhead.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python runtime.py
 	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python weight_push.py
+	cd benchmarks && $(BENCH_ENV) $(CURDIR)/$(BIN)/python weight_push.py --lora
 	cd benchmarks && $(CURDIR)/$(BIN)/python report.py
 
 # Learning per wall-clock second, llmrl vs TRL (BUDGET minutes each, plus SFT and evaluation).

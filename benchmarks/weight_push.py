@@ -16,7 +16,17 @@ engine reports the checksum of what it then holds (the script checks they all ma
 time of one checksum of the whole model is printed beside them. Ratios are against the object
 store (lower is faster).
 
+``--lora``: instead, a LoRA trainer (rank ``--lora-rank`` on q/k/v/o) pushing into a vLLM
+engine of the stage environment (``.venv-stage``, vLLM's CPU build), side by side in two worker
+processes (``workers/vllm_push_side.py``), pushes alternating: **merged** (the merged state dict
+through ``VLLMEngine.load_weights``, the ``llmrl_file`` backend) against **adapter** (the
+adapter's tensors alone through ``VLLMEngine.load_adapter``). Per push: seconds (median; the
+trainer's side, building the state dict and its checksum, and the engine call), bytes, and the
+ratios adapter / merged. After every push each engine's prompt log-probs of a probe are checked
+against the trainer's (a push that did not arrive is an error, not a figure).
+
     python benchmarks/weight_push.py --reps 5 --engines 2
+    python benchmarks/weight_push.py --lora --reps 5
 """
 
 from __future__ import annotations
@@ -26,9 +36,21 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
-from harness import figure, measure, peak_rss_mb, print_table, save_results
+from harness import (
+    Contender,
+    alternate,
+    figure,
+    measure,
+    median_of,
+    peak_rss_mb,
+    print_table,
+    save_results,
+    summarize,
+)
 
 from llmrl.core.weights_checksum import weights_checksum
 from llmrl.models import load_model
@@ -41,6 +63,13 @@ from llmrl.transports import (
 )
 
 TRANSPORTS = ("object store", "broadcast", "in-process")
+LORA_PUSHES = ("merged", "adapter")
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+PROBE_TOLERANCE = 1e-3
+"""Largest gap between an engine's and the trainer's log-probs after a push: vLLM's CPU kernels
+and torch differ by 3.8e-5 at most in fp32 on SmolLM2 (tests/vllm/conftest.py); a stale or
+missing push moves them by tenths of a nat."""
+STAGE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-stage" / "bin" / "python"
 
 
 def main() -> None:
@@ -49,7 +78,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--engines", type=int, default=2, help="inference actors pushed to")
     parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--lora", action="store_true", help="instead: adapter against merged")
+    parser.add_argument("--lora-rank", type=int, default=16, help="--lora: the adapters' rank")
     args = parser.parse_args()
+    if args.lora:
+        if not STAGE_PYTHON.exists():
+            parser.error(f"{STAGE_PYTHON} is missing: --lora needs `make stage-env`")
+        compare_lora(args)
+        return
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="llmrl-ray-"))
     import ray
 
@@ -153,6 +189,104 @@ def main() -> None:
             "driver_peak_rss_mb": peak_rss_mb(),
         },
     )
+
+
+def compare_lora(args: argparse.Namespace) -> None:
+    """Merged against adapter pushes into vLLM engines, alternating (``--lora``)."""
+    options = {
+        "model": args.model,
+        "r": args.lora_rank,
+        "alpha": 2 * args.lora_rank,
+        "targets": LORA_TARGETS,
+    }
+    contenders: list[Contender] = []
+    try:
+        for name in LORA_PUSHES:
+            spec = {**options, "kind": name}
+            contenders.append(Contender(name, STAGE_PYTHON, "vllm_push_side.py", spec))
+        results = alternate(contenders, reps=args.reps)
+    finally:
+        for contender in contenders:
+            contender.close()
+    gaps = {name: max(r["probe_gap"] for r in runs) for name, runs in results.items()}
+    if max(gaps.values()) > PROBE_TOLERANCE:
+        raise RuntimeError(f"an engine does not serve what was pushed (log-prob gaps {gaps})")
+    medians = {
+        name: {
+            key: median_of(runs, key)
+            for key in ("push_seconds", "phases.prepare", "phases.engine", "bytes")
+        }
+        for name, runs in results.items()
+    }
+    ratios = {
+        key: medians["adapter"][key] / medians["merged"][key] for key in ("push_seconds", "bytes")
+    }
+    print(
+        f"\n{args.model} float32, LoRA rank {args.lora_rank} on {', '.join(LORA_TARGETS)}, one "
+        f"vLLM engine (CPU build) per contender, median of {args.reps} pushes each"
+    )
+    print_table(
+        [
+            [
+                name,
+                f"{m['push_seconds']:.3f}",
+                f"{m['phases.prepare']:.3f}",
+                f"{m['phases.engine']:.3f}",
+                f"{m['bytes'] / 1e6:.2f}",
+                f"{gaps[name]:.1e}",
+            ]
+            for name, m in medians.items()
+        ],
+        ["push", "push seconds (median)", "prepare s", "engine s", "MB sent", "log-prob gap"],
+    )
+    seconds, sent = ratios["push_seconds"], ratios["bytes"]
+    print(f"adapter / merged: {seconds:.3f}x the seconds, {sent:.4f}x the bytes")
+    _save_lora(args, contenders, results, medians, ratios)
+
+
+def _save_lora(
+    args: argparse.Namespace,
+    contenders: list[Contender],
+    results: dict[str, list[dict[str, Any]]],
+    medians: dict[str, dict[str, float]],
+    ratios: dict[str, float],
+) -> None:
+    """``results/weight_push_lora.json``: the adapter / merged ratios of seconds and bytes."""
+    what = (
+        f"one weight push into a vLLM engine (CPU build), {args.model} fp32, "
+        f"LoRA r={args.lora_rank} on q/k/v/o"
+    )
+
+    def value(name: str, key: str) -> dict:
+        number = medians[name][key]
+        if key == "push_seconds":
+            return measure(number, "s", f"{number:.3f} s")
+        return measure(number / 1e6, "MB", f"{number / 1e6:.2f} MB")
+
+    figures = [
+        figure(
+            f"{what}: {label}, adapter alone against the merged model",
+            value("adapter", key),
+            ratios[key],
+            None,
+            higher_is_better=False,
+            peer=("merged", value("merged", key)),
+            ratio_text=f"{ratios[key]:.4f}x" if key == "bytes" else f"{ratios[key]:.3f}x",
+        )
+        for key, label in (("push_seconds", "seconds"), ("bytes", "bytes sent"))
+    ]
+    entries = {
+        c.name: summarize(
+            c,
+            results[c.name],
+            push_seconds=medians[c.name]["push_seconds"],
+            prepare=medians[c.name]["phases.prepare"],
+            engine=medians[c.name]["phases.engine"],
+            mb=medians[c.name]["bytes"] / 1e6,
+        )
+        for c in contenders
+    }
+    save_results("weight_push_lora", figures, entries, args=args, script="weight_push.py --lora")
 
 
 if __name__ == "__main__":
