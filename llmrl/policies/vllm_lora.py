@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,7 @@ class VLLMAdapterSlot:
         return sorted(int(i) for i in self.llm.llm_engine.list_loras())
 
     def close(self) -> None:
-        """Delete the adapter folders (the engine forgets nothing: call it at shutdown)."""
+        """Delete the adapter folders (call it when the engine stops; done at exit anyway)."""
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
@@ -197,4 +198,6 @@ class VLLMAdapterSlot:
         if self._root is None:
             parent = SHARED_MEMORY if SHARED_MEMORY.is_dir() else None
             self._root = Path(tempfile.mkdtemp(prefix="llmrl-lora-", dir=parent))
+            # shared memory outlives the process: delete the folders at exit, closed or not
+            weakref.finalize(self, shutil.rmtree, self._root, True)
         return self._root

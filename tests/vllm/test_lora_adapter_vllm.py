@@ -188,6 +188,18 @@ def test_a_refused_load_keeps_the_previous_adapter_and_its_folder():
     assert not Path(first.lora_path).exists()
 
 
+def test_adapter_folders_go_with_the_slot():
+    """Shared memory outlives a process: a slot never closed still deletes its folders."""
+    import gc
+
+    slot = VLLMAdapterSlot(llm=RefusingEngine(), label="fake")
+    request = slot.load({"base_model.model.x.lora_A.weight": torch.ones(2)}, LORA, version=1)
+    assert Path(request.lora_path).is_dir()
+    del slot
+    gc.collect()
+    assert not Path(request.lora_path).parent.exists()
+
+
 def test_engine_options_round_the_rank_up_to_one_vllm_accepts():
     assert lora_engine_options(8, TARGETS)["max_lora_rank"] == 8
     assert lora_engine_options(12, TARGETS)["max_lora_rank"] == 16
