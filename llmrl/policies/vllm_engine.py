@@ -321,8 +321,8 @@ class VLLMEngine:
             return "workers differ: " + ", ".join(c[:12] for c in checksums)
         return checksums[0]
 
-    def weight_version(self) -> str | None:
-        """The version given to the last push (None before any)."""
+    def weight_version(self) -> str:
+        """The version given to the last push (vLLM's ``"default"`` before any)."""
         return self.llm.get_weight_version()
 
     def reset_prefix_cache(self) -> None:
