@@ -124,6 +124,28 @@ class InferenceActor:
         received = on_passing_thread(verify_checksum, state_dict, checksum, "inference actor")
         return self._load(state_dict, version, received)
 
+    def load_adapter(
+        self,
+        named_tensors: list[tuple[str, torch.Tensor]],
+        lora_config: dict[str, Any],
+        version: int,
+        checksum: str | None = None,
+    ) -> str:
+        """Swap the LoRA adapter the policy's model serves (a transformers policy over a peft
+        model of ``lora_config``'s shape, :func:`~llmrl.models.adapters.with_lora_adapter`)
+        for ``named_tensors``, once they match ``checksum`` (nothing changes otherwise), after
+        the calls in progress; the checksum of the adapter the model then holds."""
+        from llmrl.models.adapters import adapter_state, load_adapter_state
+
+        state = dict(named_tensors)
+        on_passing_thread(verify_checksum, state, checksum, "inference actor")
+        with self._exclusive():
+            hang_point("load_weights", version)  # $LLMRL_HANG_AT: tests' stuck loads
+            model = self.policy.model
+            on_passing_thread(load_adapter_state, model, state)
+            self.version = int(version)
+            return on_passing_thread(lambda: weights_checksum(adapter_state(model)))
+
     def join_weight_group(self, membership: GroupMembership) -> None:
         """Join the trainer's weight broadcast group (returns once every member has)."""
         from llmrl.transports.broadcast import BroadcastReceiver

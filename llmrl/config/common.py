@@ -143,7 +143,7 @@ class OptimizerConfig(ConfigModel):
 
 
 class LoraSettings(ConfigModel):
-    """Optional LoRA adapters (peft); checkpoints hold the merged model."""
+    """Optional LoRA adapters (peft); checkpoints hold the merged model and the adapter."""
 
     enabled: bool = Field(False, description="train LoRA adapters instead of all weights")
     r: int = Field(16, ge=1, le=MAX_BATCH, description="adapter rank")
@@ -155,6 +155,29 @@ class LoraSettings(ConfigModel):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         description="names of the linear layers that get adapters",
     )
+    sync: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description=(
+            "what a GRPO weight push carries to the inference engines: 'adapter' (the engines "
+            "load the base model once and each push carries only the adapter's tensors, about "
+            "1% of the model at rank 16; vLLM serves it as a LoRA request) or 'merged' (the "
+            "whole model with the adapters merged in, every push)"
+        ),
+    )
+
+    def adapter_config(self) -> dict[str, Any]:
+        """The adapter's shape as engines take it (``load_adapter``'s ``lora_config``)."""
+        return {
+            "r": self.r,
+            "lora_alpha": self.alpha,
+            "target_modules": list(self.target_modules),
+            "lora_dropout": self.dropout,
+        }
+
+    @property
+    def pushes_adapter(self) -> bool:
+        """Whether weight pushes carry the adapter alone (LoRA on, ``sync: adapter``)."""
+        return self.enabled and self.sync == "adapter"
 
 
 class CheckpointConfig(ConfigModel):

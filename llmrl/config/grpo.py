@@ -394,6 +394,19 @@ def topology_problems(config: GRPOConfig, topology: Topology) -> list[str]:
             "lora.enabled: LoRA adapters are not sharded by llmrl's FSDP path; use "
             "topology.trainer.strategy 'ddp' (or 'single') with LoRA"
         )
+    if config.lora.pushes_adapter and topology.weight_transport in ("broadcast", "vllm"):
+        problems.append(
+            f"lora.sync: 'adapter' pushes the adapter through the Ray object store to the "
+            f"engines, which load it over their base model; topology.weight_transport "
+            f"'{topology.weight_transport}' carries whole models (set it to 'auto', or "
+            "lora.sync: merged)"
+        )
+    if config.lora.pushes_adapter and config.runtime.compile_decode is True:
+        problems.append(
+            "runtime.compile_decode: the compiled decode runs the plain model, and with "
+            "lora.sync 'adapter' the transformers engines serve a peft model (set it to false, "
+            "or lora.sync: merged)"
+        )
     if config.runtime.compile_decode is True and topology.inference.backend != "transformers":
         problems.append(
             "runtime.compile_decode: compiles the transformers engines' decode step; the "

@@ -47,6 +47,9 @@ class TransformersEngine:
         partial_rollouts: serve replies in parts (:mod:`llmrl.policies.segments`): calls carry
             the replies carried over besides a step's rows.
         segment_tokens: partial rollouts' cap on new tokens per row and call (None: none).
+        lora: the trainer's LoRA shape (``LoraSettings.adapter_config()``) when pushes carry
+            the adapter alone: the model is wrapped in LoRA layers of that shape, whose
+            tensors each push replaces (None: pushes carry whole models).
     """
 
     model: str
@@ -61,6 +64,7 @@ class TransformersEngine:
     load_options: dict[str, bool] = field(default_factory=dict)
     partial_rollouts: bool = False
     segment_tokens: int | None = None
+    lora: dict[str, Any] | None = None
 
     def __call__(self) -> Any:
         from llmrl.models import load_model, load_tokenizer
@@ -71,13 +75,17 @@ class TransformersEngine:
         if self.seed is not None:
             torch.manual_seed(self.seed)
         model = load_model(self.model, dtype=self.dtype, device=self.device, **self.load_options)
+        if self.lora is not None:
+            from llmrl.models.adapters import with_lora_adapter
+
+            model = with_lora_adapter(model, self.lora)
         model.requires_grad_(False).eval()
         trust = self.load_options.get("trust_remote_code", False)
         return TransformersWrapper(
             model,
             load_tokenizer(self.model, trust_remote_code=trust),
             generate_kwargs=self.generate_kwargs,
-            compile_decode=self.compile_decode,
+            compile_decode=False if self.lora is not None else self.compile_decode,  # peft
             **batching(self.batch_rows, self.batching_timeout_s, self.partial_rollouts),
             segment_tokens=self.segment_tokens,
         )
@@ -146,6 +154,7 @@ def start_engines(
     partial_rollouts: bool = False,
     segment_tokens: int | None = None,
     weight_backend: str = "llmrl_file",
+    lora: dict[str, Any] | None = None,
 ) -> EngineSet:
     """The engines of ``placement.specs.inference``: factories for the inference actors and,
     with vLLM, the ``VLLMEngine`` actors themselves, started on the engines' bundles. Engine
@@ -153,7 +162,9 @@ def start_engines(
     compiled decode when ``compile_decode`` (None: the engines on a GPU do); with
     ``partial_rollouts`` they serve replies in parts, at most ``segment_tokens`` at a time;
     vLLM engines take weights through vLLM's ``weight_backend``
-    (:func:`~llmrl.transports.selection.engine_weight_backend`)."""
+    (:func:`~llmrl.transports.selection.engine_weight_backend`); with ``lora`` (the trainer's
+    LoRA shape, ``lora.sync: adapter``) every engine serves the base with a LoRA adapter that
+    pushes replace."""
     engines = placement.specs.inference
 
     def engine_seed(index: int) -> int | None:
@@ -174,6 +185,7 @@ def start_engines(
                 load_options=dict(load_options or {}),
                 partial_rollouts=partial_rollouts,
                 segment_tokens=segment_tokens,
+                lora=lora,
             )
             for index in range(engines.count)
         ]
@@ -188,6 +200,7 @@ def start_engines(
             runtime_env=runtime_env,
             load_options=load_options,
             weight_backend=weight_backend,
+            lora=lora,
         )
         for index in range(engines.count)
     ]
@@ -216,13 +229,16 @@ def _start_vllm_engine(
     runtime_env: dict[str, Any] | None,
     load_options: dict[str, bool] | None,
     weight_backend: str = "llmrl_file",
+    lora: dict[str, Any] | None = None,
 ) -> Any:
     """The ``VLLMEngine`` actor of engine ``index`` on its first bundle (tensor parallel:
     vLLM's Ray executor puts one worker on each bundle of the engine's group); colocated, with
-    vLLM's sleep mode (:mod:`llmrl.runtime.colocation`)."""
+    vLLM's sleep mode (:mod:`llmrl.runtime.colocation`); with ``lora``, serving LoRA adapters
+    of that shape."""
     import ray
 
     from llmrl.policies.vllm_engine import VLLMEngine
+    from llmrl.policies.vllm_lora import lora_engine_options
 
     engines, inference = placement.specs.inference, placement.topology.inference
     options: dict[str, Any] = {
@@ -246,6 +262,7 @@ def _start_vllm_engine(
             weight_backend=weight_backend,
             enable_sleep_mode=placement.topology.colocated,  # asleep while the ranks train
             **load_options_for_vllm(load_options),
+            **({} if lora is None else lora_engine_options(lora["r"], lora["target_modules"])),
         )
     )
 

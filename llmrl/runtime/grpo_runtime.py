@@ -190,6 +190,7 @@ class GRPORuntime:
             weight_backend=engine_weight_backend(  # ranks with no GPUs see no CUDA
                 topology.weight_transport, topology.colocated, cuda=topology.trainer.gpus > 0
             ),
+            lora=config.lora.adapter_config() if config.lora.pushes_adapter else None,
         )
         self._parts.append(lambda: _kill(engines.vllm_engines))
         self.vllm_engines = engines.vllm_engines

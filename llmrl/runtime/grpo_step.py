@@ -28,7 +28,9 @@ left out of the loss; ``shaping/reward_delta_mean``: mean shaped - env reward, s
 mean is ``reward_mean`` minus it: :mod:`llmrl.objectives.reward_shaping`), the trainer's
 (losses, ``grad_norm``, ``lr``, per-phase seconds, ``peak_memory_mb``), ``generation_seconds``
 (waiting for the batches),
-``training_seconds``, ``weight_sync_seconds``, ``weight_sync_bytes``, the run's counters
+``training_seconds``, ``weight_sync_seconds``, ``weight_sync_bytes`` (a LoRA adapter push's
+bytes under ``lora.sync: adapter``, with ``weight_sync_merged_bytes``: the merged model's, for
+comparison), the run's counters
 (``skipped_steps``, ``dropped_zero_std_groups``, ``underfilled_steps``), the model rewards'
 ``<role>/score_mean`` and ``<role>/failures`` (:func:`model_reward_metrics`), ``policy_version``
 (after the push), ``staleness`` (trainer version - oldest sample's), the collector's
@@ -117,7 +119,7 @@ def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, 
     seconds["training_seconds"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
-    sync = parts.push_weights()  # the whole model, trainer -> every engine
+    sync = parts.push_weights()  # the whole model (or a LoRA adapter), trainer -> engines
     seconds["weight_sync_seconds"] = time.perf_counter() - tick
     if audit is not None:  # compares the checksums the push returned
         metrics.update(audit.weight_checksums(sync, number))
@@ -131,6 +133,8 @@ def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, 
         staleness=trainer_version - min(versions),
         weight_sync_bytes=float(sync.bytes) if sync is not None else 0.0,
     )
+    if getattr(sync, "merged_bytes", 0):  # an adapter push: what the merged one would carry
+        metrics["weight_sync_merged_bytes"] = float(sync.merged_bytes)
     metrics.update(parts.collector_metrics())
     metrics["tokens_per_second"] = metrics["response_tokens"] / max(
         seconds["generation_seconds"], 1e-9

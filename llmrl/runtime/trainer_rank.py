@@ -133,6 +133,10 @@ class TrainerRank:
         have one only for vLLM's ``ipc`` engine, where each shares its GPU's copy."""
         from llmrl.transports.selection import engine_weight_backend, make_weight_updater
 
+        if self.config.lora.pushes_adapter:  # rank 0 sends the adapter alone
+            if self.rank == 0:
+                self.weight_updater = self._adapter_updater(inference_actors, vllm_engines)
+            return
         backend = engine_weight_backend(transport, colocated, torch.cuda.is_available())
         # vLLM's own engines send from the GPU; every rank gathers alike (FSDP)
         self.push_from_device = bool(vllm_engines) and backend in ("nccl", "ipc")
@@ -151,6 +155,22 @@ class TrainerRank:
             rank=self.rank,
         )
 
+    def _adapter_updater(self, inference_actors: list[Any], vllm_engines: list[Any]) -> Any:
+        """Rank 0's updater of ``lora.sync: adapter``: the adapter to the vLLM engines (their
+        front actors stamp the version) or to the transformers inference actors."""
+        from llmrl.transports.lora_adapter import AdapterWeightUpdater
+
+        base = distributed.unwrap(self.trainer.model).get_base_model()
+        elements = sum(p.numel() for n, p in base.named_parameters() if ".lora_" not in n)
+        updater = AdapterWeightUpdater(
+            vllm_engines or inference_actors,
+            lora_config=self.config.lora.adapter_config(),
+            fronts=inference_actors if vllm_engines else (),
+            merged_bytes=elements * self.precision.dtype.itemsize,  # tied weights once
+        )
+        updater.push_timeout_s = self.config.runtime.timeouts.weight_push_s
+        return updater
+
     def train(
         self, shard: TensorDictBase, minibatches: int, step: int, stand_in_only: bool
     ) -> dict[str, float]:
@@ -163,6 +183,13 @@ class TrainerRank:
         """Send the current weights, cast to ``model.dtype``, to the engines as ``version``;
         the push's stats (rank 0; None elsewhere)."""
         model = self.trainer.model
+        if self.config.lora.pushes_adapter:  # every rank holds the same adapter
+            if self.weight_updater is None:
+                return None
+            from llmrl.models.adapters import adapter_state
+
+            adapter = adapter_state(distributed.unwrap(model))
+            return self.weight_updater.push(self.precision.export(adapter), version=version)
         if self.push_from_device:  # every rank, on its GPU (collective under FSDP)
             weights = distributed.device_state_dict(model)
         else:  # rank 0, on CPU (collective under FSDP)

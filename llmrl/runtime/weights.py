@@ -28,7 +28,7 @@ class TrainerRanksWeightUpdater(WeightUpdater):
         if weights is not None:
             raise ValueError("the trainer ranks send their own weights; push() takes none")
         stats = self.ranks.push_weights(version)
-        return Delivery(stats.bytes, stats.checksum, stats.engine_checksums)
+        return Delivery(stats.bytes, stats.checksum, stats.engine_checksums, stats.merged_bytes)
 
     def restore(self, old: Any, new: Any) -> bool:
         return self.ranks.restore_engine(old, new)

@@ -54,16 +54,21 @@ class WeightSyncStats:
     version: int
     checksum: str = ""
     engine_checksums: tuple[str, ...] = ()
+    merged_bytes: int = 0
+    """What a push of the whole merged model would have carried (LoRA adapter pushes; 0 for a
+    push of the whole model)."""
 
 
 @dataclass(frozen=True)
 class Delivery:
     """What an implementation's ``_push`` reports: bytes transferred, the sent weights'
-    checksum, and each engine's checksum of the weights it holds afterwards."""
+    checksum, each engine's checksum of the weights it holds afterwards, and (adapter pushes)
+    the merged model's bytes."""
 
     bytes: int
     checksum: str = ""
     engine_checksums: tuple[str, ...] = ()
+    merged_bytes: int = 0
 
 
 class WeightUpdater(ABC):
@@ -109,6 +114,7 @@ class WeightUpdater(ABC):
             version,
             delivery.checksum,
             tuple(delivery.engine_checksums),
+            delivery.merged_bytes,
         )
         self.version = version
         self.history.append(stats)
