@@ -83,3 +83,31 @@ def test_adapter_pushes_carry_the_adapter_alone_and_survive_a_resume(
     assert set(restore.engine_checksums) == {weights_checksum(saved_adapter)}, "the checkpoint's"
     assert [v["version"] for v in versions] == [2] * len(versions)
     assert third["policy_version"] == 3 and third["audit/logprob_gap_max"] <= GAP
+
+
+def test_merged_sync_still_pushes_the_whole_merged_model(
+    local_ray, arithmetic_data, tiny_model_dir, tiny
+):
+    config = tiny_grpo_config(
+        arithmetic_data,
+        tiny_model_dir,
+        "lora.enabled=true",
+        "lora.r=4",
+        "lora.sync=merged",
+        "optimizer.lr=1e-2",
+    )
+    assert not config.lora.pushes_adapter
+    topology = resolve_topology(config)
+    runtime = GRPORuntime(config=config, topology=topology, runtime_env=actor_runtime_env())
+    try:
+        steps = [runtime.step(number)[1] for number in (1, 2)]
+    finally:
+        runtime.shutdown()
+    merged = 4 * sum(p.numel() for p in tiny.parameters())  # float32, the tied head once
+    for m in steps:
+        assert m["weight_sync_bytes"] == merged and "weight_sync_merged_bytes" not in m
+        assert m["audit/weight_checksum_mismatches"] == 0 and m["audit/weight_checksums_checked"]
+        # merged weights: W + scale * B @ A rounded once to float32, against the trainer's
+        # unmerged peft forward: a few ulps per logit, far below what a stale push would move
+        assert m["audit/logprob_gap_max"] <= GAP, "the engines serve the merged trainer"
+    assert [m["policy_version"] for m in steps] == [1, 2]
