@@ -5,8 +5,9 @@ Collected here rather than with ``--doctest-modules``, which would import every 
 ``tests/`` as a doctest module too. A module is left out only when it cannot be imported in the
 main environment ``.venv``:
 
-- ``llmrl/policies/vllm_file_engine.py`` subclasses vLLM's weight-transfer engine at import, and
-  vLLM lives in the stage environment ``.venv-stage`` only (docs/environments.md).
+- ``llmrl/policies/vllm_file_engine.py`` and ``llmrl/policies/vllm_transfer.py`` subclass vLLM's
+  weight-transfer classes at import, and vLLM lives in the stage environment ``.venv-stage``
+  only (docs/environments.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import pytest
 from _pytest.doctest import DoctestModule
 
 LIBRARY = Path(__file__).resolve().parent / "llmrl"
-NOT_IMPORTABLE_HERE = {LIBRARY / "policies" / "vllm_file_engine.py"}
+NOT_IMPORTABLE_HERE = {
+    LIBRARY / "policies" / "vllm_file_engine.py",
+    LIBRARY / "policies" / "vllm_transfer.py",
+}
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
