@@ -20,6 +20,7 @@ file, and only once its SHA-256 matches the trainer's, so a bad file leaves the 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,9 +164,8 @@ class FileTrainerWeightTransferEngine(TrainerWeightTransferEngine[FileTrainerIni
 
     def send_weights(self) -> None:
         assert self.source is not None
-        if not self.is_sender:
-            for _ in self.source:  # stay in the trainer ranks' gathers
-                pass
+        if not self.is_sender:  # nothing to send, but a lazy source gathers across ranks:
+            deque(self.source, maxlen=0)  # iterate it in step with the sender
             return
         path = write_weights(iter(self.source), self.folder)
         try:

@@ -85,6 +85,8 @@ class EngineClient:
         self.wait(refs, "update_weights", "loading")
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
+        # vLLM's trainer engines pass no version; the updater sets it once every engine has
+        # returned the checksum of what it loaded (VLLMEngine.set_weight_version)
         refs = [engine.finish_weight_update.remote() for engine in self.engines]
         self.wait(refs, "finish_weight_update", "finishing")
 

@@ -68,8 +68,7 @@ def make_weight_updater(
             f"weight_transport: must be one of {', '.join(WEIGHT_TRANSPORTS)}; got {transport!r}"
         )
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    if transport == "auto":
-        transport = "vllm" if vllm_engines and cuda else "object_store"
+    transport = resolved_transport(transport, bool(vllm_engines), cuda)
     if transport == "vllm":
         if not vllm_engines:
             raise ValueError(
@@ -91,14 +90,21 @@ def make_weight_updater(
     return updater
 
 
+def resolved_transport(transport: str, vllm_engines: bool, cuda: bool) -> str:
+    """``transport`` with ``auto`` decided: ``vllm`` for vLLM engines and a trainer with CUDA,
+    else ``object_store``."""
+    if transport != "auto":
+        return transport
+    return "vllm" if vllm_engines and cuda else "object_store"
+
+
 def engine_weight_backend(transport: str, colocated: bool, cuda: bool) -> str:
     """The weight-transfer backend to build vLLM engines with, so that they take what the
     trainer's updater of ``transport`` sends: the ``vllm`` transport's backend
     (:func:`vllm_backend`), else ``llmrl_file`` (the inference actors then load the weights
     into their engine themselves, :meth:`~llmrl.policies.vllm_engine.VLLMEngine.load_weights`)."""
-    if transport == "auto":
-        transport = "vllm" if cuda else "object_store"
-    return vllm_backend(colocated, cuda) if transport == "vllm" else "llmrl_file"
+    vllm = resolved_transport(transport, True, cuda) == "vllm"
+    return vllm_backend(colocated, cuda) if vllm else "llmrl_file"
 
 
 def vllm_backend(colocated: bool, cuda: bool) -> str:

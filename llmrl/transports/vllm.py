@@ -123,7 +123,7 @@ class VLLMWeightUpdater(WeightUpdater):
 
         self._version = version
         source = StateSource(as_state_dict(weights))
-        sender = self._within_deadline(lambda: self._connect(source), "connecting")
+        sender = self._sender or self._within_deadline(lambda: self._connect(source), "connecting")
         sender.source = source  # vLLM's trainer engines replay their source on every send
         if self.rank != 0:
             sender.send_weights()
@@ -139,8 +139,6 @@ class VLLMWeightUpdater(WeightUpdater):
 
     def _connect(self, source: Any) -> Any:
         """vLLM's trainer engine of the backend, joined with the engines (first push)."""
-        if self._sender is not None:
-            return self._sender
         import_ray("Pushing weights to vLLM engine actors")
         from llmrl.policies.vllm_transfer import EngineClient, trainer_engine
 

@@ -154,7 +154,7 @@ class FakePlacement:
     )
 
     def remove(self) -> None:
-        pass
+        """Nothing was placed on Ray: nothing to remove."""
 
 
 @pytest.fixture
