@@ -187,15 +187,16 @@ FROM slim AS mlflow
 ARG VERSION
 
 LABEL org.opencontainers.image.title="llmrl-mlflow" \
-      org.opencontainers.image.description="MLflow tracking server for llmrl: the client's MLflow version, psycopg2, boto3" \
+      org.opencontainers.image.description="MLflow tracking server for llmrl: the client's MLflow version, psycopg, boto3" \
       org.opencontainers.image.source="https://github.com/llmrl/llmrl" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 
-# mlflow, psycopg2-binary and boto3 are pinned in constraints.txt: the server runs the MLflow
-# version of the clients (REST API and database schema agree).
+# mlflow, psycopg (3: SQLAlchemy 2.1's driver for the chart's postgresql:// URI) and boto3 are
+# pinned in constraints.txt: the server runs the MLflow version of the clients (REST API and
+# database schema agree).
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -c constraints.txt mlflow psycopg2-binary boto3 \
+    pip install -c constraints.txt mlflow 'psycopg[binary]' boto3 \
     && mlflow --version
 
 HEALTHCHECK NONE

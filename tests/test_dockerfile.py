@@ -384,11 +384,11 @@ def check_gpu_target(all_stages: list[Stage], pyproject: str) -> list[str]:
 
 
 def check_mlflow_target(all_stages: list[Stage], pins: dict[str, str]) -> list[str]:
-    """The MLflow server: mlflow at the constraints' version, psycopg2 and boto3, no llmrl."""
+    """The MLflow server: mlflow at the constraints' version, psycopg (3) and boto3, no llmrl."""
     problems = []
     installs = [i for c in runs(all_stages, "mlflow") for i in pip_installs(c)]
-    words = {w for i in installs for w in i.split()}
-    for name in ("mlflow", "psycopg2-binary", "boto3"):
+    words = {w.strip("'\"") for i in installs for w in i.split()}
+    for name in ("mlflow", "psycopg", "boto3"):
         given = [w for w in words if re.split(r"[=<>!~\[]", w)[0] == name]
         if not given:
             problems.append(f"mlflow: {name} is not installed")
@@ -776,8 +776,8 @@ BREAKS = [
         "pip install -c constraints.txt . \\",
         1,
     ),
-    ("mlflow", "mlflow psycopg2-binary boto3", "mlflow==3.0.0 psycopg2-binary boto3", 1),
-    ("mlflow", "mlflow psycopg2-binary boto3", "mlflow boto3", 1),
+    ("mlflow", "mlflow 'psycopg[binary]' boto3", "mlflow==3.0.0 'psycopg[binary]' boto3", 1),
+    ("mlflow", "mlflow 'psycopg[binary]' boto3", "mlflow boto3", 1),
     ("vllm", 'ARG TORCH_SPEC="torch==2.13.0"', 'ARG TORCH_SPEC="torch==2.11.0"', 1),
     ("vllm", "-r /opt/llmrl/requirements/gpu.txt", "vllm==0.32.0", 1),
     ("gpu", "-r /opt/llmrl/requirements/stage.txt", "-r /opt/llmrl/requirements/local.txt", 1),

@@ -327,7 +327,7 @@ class MlflowValues(ConfigModel):
         default_factory=lambda: ImageSpec(
             repository="ghcr.io/llmrl/llmrl-mlflow", tag=MLFLOW_VERSION
         ),
-        description="MLflow server image with psycopg2 and boto3 (the Dockerfile's mlflow "
+        description="MLflow server image with psycopg and boto3 (the Dockerfile's mlflow "
         "target), at the MLflow version of llmrl's client",
     )
     port: int = Field(5000, ge=1, le=65535, description="port of the server and its Service")
