@@ -17,14 +17,20 @@ import pytest
 
 from flows.launchers import StageConfigError, TransientStageError
 from flows.pipeline import RUN_ORDER, PipelineParams, StageCall, pipeline, run_stage
+from tests.support.pipeline_runs import (
+    CHILD_RUNS,
+    EVALUATED,
+    TRAINED,
+    assert_dataset_inputs,
+    assert_registered_models,
+    child_runs,
+    short_overrides,
+)
 from tests.support.prefect_harness import FlakyLauncher, filter_by_flow_run, prefect_client
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-EVALUATED = ("eval-base", "eval-sft", "eval-grpo")
-CHILD_RUNS = {"prepare", "sft", "grpo", *EVALUATED}
-TRAINED = ("sft", "grpo")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +45,6 @@ def tiny_dir(tmp_path_factory, tiny, tokenizer) -> Path:
 @pytest.fixture(scope="module")
 def params(tmp_path_factory, tiny_dir: Path) -> PipelineParams:
     root = tmp_path_factory.mktemp("pipeline")
-    model = f"model.name={tiny_dir}"
     return PipelineParams(
         prepare_config=str(REPO / "configs/prepare.yaml"),
         sft_config=str(REPO / "configs/sft.yaml"),
@@ -48,19 +53,7 @@ def params(tmp_path_factory, tiny_dir: Path) -> PipelineParams:
         work_dir=str(root / "work"),
         mlflow_tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
         experiment="flow-test",
-        overrides={
-            "prepare": ["generate.train_size=20", "generate.eval_size=10"],
-            "sft": [model, "steps=2", "batch_size=2", "eval_every=1", "checkpoint.every=2"],
-            "grpo": [
-                model,
-                "steps=2",
-                "prompts_per_step=2",
-                "num_samples=2",
-                "generation.max_new_tokens=8",
-                "checkpoint.every=2",
-            ],
-            "eval": [model, "max_new_tokens=8", "batch_size=5", "data.max_eval_rows=5"],
-        },
+        overrides=short_overrides(tiny_dir),
         retry_delay_s=0,
     )
 
@@ -84,11 +77,7 @@ def _runs(params: PipelineParams) -> list[Any]:
 
 
 def _children(params: PipelineParams, parent_id: str) -> dict[str, Any]:
-    return {
-        run.info.run_name: run
-        for run in _runs(params)
-        if run.data.tags.get("mlflow.parentRunId") == parent_id
-    }
+    return child_runs(_mlflow(params), params.experiment, parent_id)
 
 
 def _logs(flow_run_id: Any, text: str) -> list[str]:
@@ -194,33 +183,15 @@ def test_every_stage_nests_its_mlflow_run_under_the_parent(first_run, params) ->
 
 @pytest.mark.slow
 def test_stage_runs_log_their_datasets_and_register_their_final_models(first_run, params) -> None:
-    import mlflow
-
     summary = first_run.result()
     children = _children(params, summary["mlflow"]["parent_run_id"])
     dataset = Path(summary["stages"][0]["summary"]["path"])
-    contexts = {"prepare": {"train", "eval"}, "sft": {"train", "eval"}, "grpo": {"train"}}
-    contexts |= {name: {"eval"} for name in EVALUATED}
-    for name, expected in contexts.items():
-        inputs = _mlflow(params).get_run(children[name].info.run_id).inputs.dataset_inputs
-        assert {i.dataset.name for i in inputs} == {f"{dataset.name}/{s}" for s in expected}
-        for item in inputs:
-            assert str(dataset) in item.dataset.source
-            context = {t.key: t.value for t in item.tags}["mlflow.data.context"]
-            assert context == ("training" if item.dataset.name.endswith("train") else "evaluation")
-    client = _mlflow(params)
-    for name in TRAINED:
-        (version,) = client.search_model_versions(f"name = 'flow-test-{name}'")
-        assert version.run_id == children[name].info.run_id
-        files = mlflow.artifacts.list_artifacts(
-            client.get_model_version_download_uri(version.name, version.version)
-        )
-        assert {"config.json", "model.safetensors", "MLmodel"} <= {Path(f.path).name for f in files}
-        checkpoint = Path(summary["stages"][RUN_ORDER.index(name)]["summary"]["final_checkpoint"])
-        (output,) = client.get_run(version.run_id).outputs.model_outputs
-        logged = client.get_logged_model(output.model_id)
-        assert logged.tags["llmrl.checkpoint"] == str(checkpoint.resolve())
-    assert not client.search_model_versions("name = 'flow-test-eval'")
+    assert_dataset_inputs(_mlflow(params), children, dataset)
+    checkpoints = {
+        name: Path(summary["stages"][RUN_ORDER.index(name)]["summary"]["final_checkpoint"])
+        for name in TRAINED
+    }
+    assert_registered_models(_mlflow(params), children, params.experiment, checkpoints)
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ What Kubernetes would supply the test supplies, and nothing else:
 - ``secretKeyRef`` values come from ``secrets`` (``{secret name: {key: value}}``); a key the
   chart reads and the test does not have is an error naming both;
 - each volume mount is a local folder (``volumes``: ``{volume name: folder}``); environment
-  values and arguments under a mount path are rewritten to the folder;
+  values under a mount path (``HOME=/tmp``, ``PREFECT_HOME=/data/prefect``) are rewritten to the
+  folder. Arguments are not: the chart's come from values, which the test gives as local paths;
 - the container's executable is this environment's (``.venv/bin/mlflow``, ``.venv/bin/prefect``):
   the images run the same versions (``tests/helm/test_chart_services.py`` checks the tags);
 - the process environment is the container's: ``PATH`` and ``LANG`` plus what the chart sets.
@@ -67,8 +68,7 @@ def container_command(
             raise KeyError(f"{where} mounts volume {mount['name']!r}: the test gave no folder")
         mounts[mount["mountPath"]] = volumes[mount["name"]]
 
-    argv = [_remap(str(word), mounts) for word in container.get("command", [])]
-    argv += [_remap(str(word), mounts) for word in container.get("args", [])]
+    argv = [str(word) for word in [*container.get("command", []), *container.get("args", [])]]
     executable = Path(sys.executable).parent / argv[0]
     if not executable.exists():
         raise FileNotFoundError(f"{where} runs {argv[0]!r}, which this environment lacks")
