@@ -152,4 +152,3 @@ def prefect_service(
         yield service
     finally:
         service.stop()
-
