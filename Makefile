@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 CONSTRAINTS := $(VENV)/torch-constraint.txt
 
-.PHONY: test test-all test-main test-vllm stage-env bubblewrap check-learning run bench bench-learning \
+.PHONY: test test-all test-main test-vllm stage-env bubblewrap postgresql check-learning run bench bench-learning \
 	lint format chart-schema clean-venv gpu-wheels test-gpu coverage
 
 # Installs go through uv (pinned below, bootstrapped into .uv/ with pip on first use): it honours
@@ -122,6 +122,21 @@ bubblewrap:
 			"(Fedora), and allow unprivileged user namespaces"; exit 1; \
 	fi
 
+# The services tests (tests/services, slow tier) start a throwaway PostgreSQL cluster from
+# Debian's postgresql package (the database of the chart's MLflow and Prefect servers): installed
+# with apt-get when missing and we are root, else they skip and say why.
+postgresql:
+	@{ ls /usr/lib/postgresql/*/bin/initdb || command -v initdb; } >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing postgresql for the services tests (tests/services)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1 \
+			|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql; }; \
+	else \
+		echo "note: tests/services skip without PostgreSQL's server binaries:" \
+			"apt-get install postgresql (Debian/Ubuntu), dnf install postgresql-server (Fedora)"; \
+	fi
+
 # The two test tiers (docs/testing.md), both run by CI:
 #   make test      the fast tier, for every change: each module's unit tests and the integration
 #                  tests on tiny models in .venv, and beside them one vLLM module (one engine
@@ -141,13 +156,13 @@ TEST_TIERS = MAIN_PYTHON=$(BIN)/python STAGE_PYTHON=$(STAGE_BIN)/python \
 test: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
 	@$(TEST_TIERS) fast
 
-test-all: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
+test-all: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap postgresql
 	@$(TEST_TIERS) all
 
 # Line coverage of llmrl/ and flows/ per tier (both tiers under coverage.py, slower than
 # `make test-all`), then the per-package table of docs/measurements.md; fails when the
 # fast tier keeps less than 85% of the whole suite's covered lines.
-coverage: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap
+coverage: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap postgresql
 	@COVERAGE=1 $(TEST_TIERS) all
 	$(BIN)/python scripts/coverage_table.py --fast .coverage-data/fast --slow .coverage-data/slow
 

@@ -10,7 +10,13 @@ import pytest
 import yaml
 
 from tests.helm.chart_objects import of_kind, render
-from tests.support.chart import VALUE_SETS
+from tests.support.chart import VALUE_SETS, objects
+from tests.support.chart_services import (
+    DATABASE_SECRETS,
+    container_command,
+    database_secrets,
+    deployment,
+)
 from tests.support.paths import REPO
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) renders the chart")
@@ -122,3 +128,34 @@ def test_notes_explain_access_and_how_to_run(chart):
         "port-forward svc/llmrl-prefect-server 4200:4200"
         in with_server["llmrl/templates/NOTES.txt"]
     )
+
+
+def test_the_servers_open_the_guides_database_uris_with_installed_drivers(chart, tmp_path):
+    """The MLflow and Prefect servers of a render, resolved against the Secrets the deployment
+    guide creates, get URIs whose SQLAlchemy driver this environment (and the images, at the
+    same pins) has: psycopg 3 for MLflow's ``postgresql://``, asyncpg for Prefect's. The
+    services tests (``tests/services``) then run both servers on a real PostgreSQL."""
+    from sqlalchemy.engine import make_url
+
+    values = {"prefect": {"server": {"enabled": True, "database": {"name": "llmrl-prefect-db",
+                                                                   "key": "url"}}}}  # fmt: skip
+    items = objects(render(chart, values))
+    secrets = database_secrets("llmrl", "s3cret", "db.example", 5432)
+    secrets["llmrl-mlflow-s3"] = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"}
+    volumes = {"tmp": tmp_path / "tmp", "data": tmp_path / "data"}
+    variables = {"llmrl-mlflow": "MLFLOW_BACKEND_STORE_URI",
+                 "llmrl-prefect-server": "PREFECT_API_DATABASE_CONNECTION_URL"}  # fmt: skip
+    drivers = {}
+    for name, variable in variables.items():
+        _, env, _, _ = container_command(deployment(items, name), secrets=secrets, volumes=volumes)
+        url = make_url(env[variable])
+        assert (url.username, url.password, url.host, url.port) == (
+            "llmrl", "s3cret", "db.example", 5432
+        )  # fmt: skip
+        assert url.database == DATABASE_SECRETS[f"{name.removesuffix('-server')}-db"]
+        dialect = url.get_dialect()
+        dialect.import_dbapi()  # ModuleNotFoundError when the driver is not installed
+        drivers[name] = dialect.driver
+    assert drivers == {"llmrl-mlflow": "psycopg", "llmrl-prefect-server": "asyncpg"}
+    with pytest.raises(KeyError, match=r"Secret 'llmrl-mlflow-db' key 'uri'"):
+        container_command(deployment(items, "llmrl-mlflow"), secrets={}, volumes=volumes)

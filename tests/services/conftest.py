@@ -11,7 +11,6 @@ a wrong key or variable in the chart, fails here.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,45 +18,21 @@ from typing import Any
 import pytest
 
 from tests.support.chart import objects
-from tests.support.chart_services import chart_service, deployment
-from tests.support.paths import REPO
+from tests.support.chart_services import (
+    DATABASE_SECRETS,
+    chart_service,
+    database_secrets,
+    deployment,
+)
 from tests.support.postgres import PostgresCluster, missing_reason
 from tests.support.service_process import ServiceProcess, free_port
 
-GUIDE = REPO / "docs" / "deploy-gpu-cluster.md"
-MLFLOW_SECRET, PREFECT_SECRET = "llmrl-mlflow-db", "llmrl-prefect-db"
-"""The Secrets the guide creates for the two servers' databases (the chart's value names)."""
-DATABASES = {MLFLOW_SECRET: "mlflow", PREFECT_SECRET: "prefect"}
-"""The database each Secret's URI names in the guide."""
-
-_SECRET_LINE = re.compile(
-    r"create secret generic (?P<name>[\w-]+) \\\n\s*--from-literal=(?P<key>\w+)='(?P<value>[^']+)'"
-)
+PREFECT_SECRET = "llmrl-prefect-db"
+"""The guide's Secret of the Prefect server's database (the chart's values name it)."""
 
 
-def guide_secrets() -> dict[str, dict[str, str]]:
-    """``{name: {key: value}}`` of every ``kubectl create secret generic ... --from-literal``
-    of the deployment guide, as written there (placeholders included)."""
-    found: dict[str, dict[str, str]] = {}
-    for match in _SECRET_LINE.finditer(GUIDE.read_text()):
-        found.setdefault(match["name"], {})[match["key"]] = match["value"]
-    return found
-
-
-def database_secrets(postgres: PostgresCluster) -> dict[str, dict[str, str]]:
-    """The guide's two database Secrets with ``postgres``'s user, password, host and port in
-    place of USER, PASSWORD and POSTGRES_HOST:5432."""
-    written = guide_secrets()
-    secrets = {}
-    for name in DATABASES:
-        assert name in written, f"{GUIDE.name} no longer creates Secret {name}"
-        secrets[name] = {
-            key: value.replace("USER", postgres.user)
-            .replace("PASSWORD", postgres.password)
-            .replace("POSTGRES_HOST:5432", f"{postgres.host}:{postgres.port}")
-            for key, value in written[name].items()
-        }
-    return secrets
+def _secrets(postgres: PostgresCluster) -> dict[str, dict[str, str]]:
+    return database_secrets(postgres.user, postgres.password, postgres.host, postgres.port)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +44,7 @@ def postgres() -> Iterator[PostgresCluster]:
     cluster = PostgresCluster()
     try:
         cluster.start()
-        for database in DATABASES.values():
+        for database in DATABASE_SECRETS.values():
             cluster.create_database(database)
         yield cluster
     finally:
@@ -125,7 +100,7 @@ def mlflow_service(
     """The chart's MLflow server on ``postgres``; ``.url`` is the tracking URI."""
     service = chart_service(
         deployment(chart_render, "llmrl-mlflow"),
-        secrets=database_secrets(postgres),
+        secrets=_secrets(postgres),
         volumes=_volumes(services_root / "mlflow", "tmp"),
         root=services_root,
     )
@@ -143,7 +118,7 @@ def prefect_service(
     """The chart's Prefect server on ``postgres``; its API is ``.url + "/api"``."""
     service = chart_service(
         deployment(chart_render, "llmrl-prefect-server"),
-        secrets=database_secrets(postgres),
+        secrets=_secrets(postgres),
         volumes=_volumes(services_root / "prefect", "tmp", "data"),
         root=services_root,
     )

@@ -16,15 +16,52 @@ What Kubernetes would supply the test supplies, and nothing else:
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.support.paths import REPO
 from tests.support.service_process import ServiceProcess
+
+GUIDE = REPO / "docs" / "deploy-gpu-cluster.md"
+"""The deployment guide, whose ``kubectl create secret`` lines the operator runs."""
+DATABASE_SECRETS = {"llmrl-mlflow-db": "mlflow", "llmrl-prefect-db": "prefect"}
+"""The Secrets the guide creates for the two servers' databases, and the database each names."""
+
+_SECRET_LINE = re.compile(
+    r"create secret generic (?P<name>[\w-]+) \\\n\s*--from-literal=(?P<key>\w+)='(?P<value>[^']+)'"
+)
 
 BASE_ENV = {"LANG": "C.UTF-8"}
 """What the images' environment holds besides ``PATH`` (this environment's ``bin`` first)."""
+
+
+def guide_secrets() -> dict[str, dict[str, str]]:
+    """``{name: {key: value}}`` of every ``kubectl create secret generic ... --from-literal``
+    of the deployment guide, as written there (placeholders included)."""
+    found: dict[str, dict[str, str]] = {}
+    for match in _SECRET_LINE.finditer(GUIDE.read_text()):
+        found.setdefault(match["name"], {})[match["key"]] = match["value"]
+    return found
+
+
+def database_secrets(user: str, password: str, host: str, port: int) -> dict[str, dict[str, str]]:
+    """The guide's two database Secrets with ``user``, ``password`` and ``host:port`` in place
+    of its USER, PASSWORD and POSTGRES_HOST:5432."""
+    written = guide_secrets()
+    secrets = {}
+    for name in DATABASE_SECRETS:
+        if name not in written:
+            raise LookupError(f"{GUIDE.name} no longer creates Secret {name}")
+        secrets[name] = {
+            key: value.replace("USER", user)
+            .replace("PASSWORD", password)
+            .replace("POSTGRES_HOST:5432", f"{host}:{port}")
+            for key, value in written[name].items()
+        }
+    return secrets
 
 
 def deployment(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
