@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.chart import objects
+from tests.support.chart import NAMESPACE, objects
 from tests.support.chart_services import (
     DATABASE_SECRETS,
     chart_service,
@@ -62,8 +62,6 @@ def chart_render(chart: Any, services_root: Path) -> list[dict[str, Any]]:
     """The chart rendered with both servers on: MLflow with artifacts in a shared folder (the
     chart's ``--artifacts-destination``; on a cluster an S3 URI) and the in-chart Prefect server
     on the guide's database Secret, each on a free port."""
-    from tests.helm.chart_objects import render
-
     values = {
         "mlflow": {
             "port": free_port(),
@@ -82,7 +80,7 @@ def chart_render(chart: Any, services_root: Path) -> list[dict[str, Any]]:
             },
         },
     }
-    return objects(render(chart, values))
+    return objects(chart.render(values, name="llmrl", namespace=NAMESPACE))
 
 
 def _volumes(root: Path, *names: str) -> dict[str, Path]:
