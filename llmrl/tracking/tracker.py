@@ -81,6 +81,13 @@ def sanitize_key(key: Any) -> str:
     return _BAD_KEY_CHARS.sub("_", str(key))[:_MAX_KEY_LENGTH]
 
 
+def storable_value(value: Any, limit: int) -> str:
+    """``value`` as text every MLflow store keeps: NUL characters written as ``\\x00``
+    (PostgreSQL's text columns refuse them, and MLflow then rejects the whole batch), cut at
+    ``limit`` characters (``MAX_PARAM_VAL_LENGTH``, ``MAX_TAG_VAL_LENGTH``)."""
+    return str(value).replace("\x00", "\\x00")[:limit]
+
+
 def _as_mapping(obj: Any) -> Mapping | None:
     if isinstance(obj, Mapping):
         return obj
@@ -94,7 +101,8 @@ def _as_mapping(obj: Any) -> Mapping | None:
 def flatten_params(params: Any, prefix: str = "") -> dict[str, str]:
     """Nested mappings (dicts, pydantic models, dataclasses) -> ``{"a.b": "value"}``.
 
-    Values are stringified and truncated to MLflow's 6000-character limit; an empty mapping
+    Values are stringified (:func:`storable_value`: NUL as ``\\x00``) and truncated to
+    MLflow's 6000-character limit; an empty mapping
     becomes ``"{}"``. ``{"loss": {"clip_epsilon": 0.2}}`` -> ``{"loss.clip_epsilon": "0.2"}``.
     """
     mapping = _as_mapping(params)
@@ -107,7 +115,7 @@ def flatten_params(params: Any, prefix: str = "") -> dict[str, str]:
         if nested:
             out.update(flatten_params(nested, name))
         else:
-            out[sanitize_key(name)] = str(value)[:MAX_PARAM_VAL_LENGTH]
+            out[sanitize_key(name)] = storable_value(value, MAX_PARAM_VAL_LENGTH)
     return out
 
 
@@ -177,7 +185,9 @@ class Tracker:
         self._params: dict[str, str] = {}
         self._changed_params: set[str] = set()
         self._started = self._finished = False
-        clean_tags = {sanitize_key(k): str(v)[:MAX_TAG_VAL_LENGTH] for k, v in (tags or {}).items()}
+        clean_tags = {
+            sanitize_key(k): storable_value(v, MAX_TAG_VAL_LENGTH) for k, v in (tags or {}).items()
+        }
         self._link = RunLink(
             self.tracking_uri,
             stage=stage,
@@ -422,10 +432,10 @@ class Tracker:
         return None
 
     def set_tags(self, tags: dict) -> None:
-        """Set run tags (values stringified, truncated to 8000 chars)."""
+        """Set run tags (values stringified, truncated to 8000 chars, NUL written as ``\\x00``)."""
         if not self._active():
             return
-        clean = {sanitize_key(k): str(v)[:MAX_TAG_VAL_LENGTH] for k, v in tags.items()}
+        clean = {sanitize_key(k): storable_value(v, MAX_TAG_VAL_LENGTH) for k, v in tags.items()}
         if self._link.ready():
             try:
                 send_tags(self._link.client, self.run_id, clean)

@@ -51,6 +51,10 @@ def test_params_flattened_stringified_truncated(sqlite_uri: str) -> None:
     assert len(params["prompt"]) == 6000
     assert params["odd key_"] == "1"
     assert flatten_params({"a": {}, "b": None}) == {"a": "{}", "b": "None"}
+    # NUL, which PostgreSQL's text columns refuse (tests/services), is written out; the escape
+    # counts toward the limit
+    assert flatten_params({"s": "a\x00b"}) == {"s": "a\\x00b"}
+    assert flatten_params({"s": "x" * 5998 + "\x00"}) == {"s": "x" * 5998 + "\\x"}
 
 
 def test_metrics_by_step_in_one_batch(sqlite_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
