@@ -162,8 +162,8 @@ def test_concurrent_writers_lose_and_double_nothing(
     runs = {r["run_id"]: writer for writer, r in enumerate(results)}
     assert len(runs) == WRITERS
     infos = [client.get_run(run_id).info for run_id in runs]
-    # the writes overlapped: every run was opened before any of them ended (measured: all four
-    # open together for 4.7 of their 5.4 s)
+    # the writes overlapped: every run was opened before any of them ended (by seconds: the
+    # writers start together and each logs for longer than the others take to open their runs)
     assert max(i.start_time for i in infos) < min(i.end_time for i in infos)
     for run_id, writer in runs.items():
         run = client.get_run(run_id)
