@@ -215,3 +215,17 @@ def test_values_at_the_limits_postgres_enforces(
     )
     assert stored.splitlines() == ["exact:6000", "prompt:6000", "system:6"]
     assert tracker.spooled == 0 and run.info.status == "FINISHED"
+
+
+def test_the_database_holds_mlflow_s_newest_schema(
+    mlflow_service: ServiceProcess, postgres: PostgresCluster
+) -> None:
+    """The chart's server migrated the empty ``mlflow`` database to the newest Alembic revision
+    of the MLflow it runs (measured: ``dc11669786a5`` for MLflow 3.17.2), read from PostgreSQL."""
+    import mlflow.store
+    from alembic.script import ScriptDirectory
+
+    migrations = Path(mlflow.store.__file__).parent / "db_migrations"
+    head = ScriptDirectory(str(migrations)).get_current_head()
+    assert mlflow_service.running
+    assert postgres.psql("SELECT version_num FROM alembic_version", "mlflow").splitlines() == [head]
