@@ -8,7 +8,8 @@ shows it.
   records what an experiment holds: ``genai_development`` (traces) or
   ``custom_model_development`` (:data:`EXPERIMENT_KIND`: runs, metrics and models, what a training
   experiment holds). The tag is set when the experiment is created, and on an existing experiment
-  that has none; a kind someone chose is kept. MLflow 3.17's UI does not pick its view from this
+  that has none (by whichever of several processes starting together gets there first); a kind
+  someone chose is kept. MLflow 3.17's UI does not pick its view from this
   tag but from the ``workflowType`` URL parameter, which every link llmrl prints carries
   (:mod:`llmrl.tracking.links`).
 """
@@ -49,6 +50,14 @@ def get_or_create_experiment(client: Any, name: str) -> str:
             experiment = client.get_experiment_by_name(name)
     if experiment.lifecycle_stage == "deleted":
         client.restore_experiment(experiment.experiment_id)
+    experiment_id = experiment.experiment_id
     if EXPERIMENT_KIND_TAG not in experiment.tags:
-        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    return experiment.experiment_id
+        try:
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except MlflowException:
+            # Stage processes starting together on an untagged experiment all set the tag: on
+            # PostgreSQL all but one insert fail on the tag's key (BAD_REQUEST). Lost to another
+            # writer is fine; any other failure (the server away) is the caller's.
+            if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment_id).tags:
+                raise
+    return experiment_id

@@ -12,6 +12,7 @@ a wrong key or variable in the chart, fails here.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,23 @@ def chart_render(chart: Any, services_root: Path) -> list[dict[str, Any]]:
     return objects(chart.render(values, name="llmrl", namespace=NAMESPACE))
 
 
-def _volumes(root: Path, *names: str) -> dict[str, Path]:
-    folders = {}
-    for name in names:
-        folders[name] = root / name
-        folders[name].mkdir(parents=True, exist_ok=True)
-    return folders
+@contextmanager
+def _running(
+    postgres: PostgresCluster, render: list[dict[str, Any]], name: str, root: Path, *volumes: str
+) -> Iterator[ServiceProcess]:
+    """Deployment ``name`` of the render running on ``postgres``, its volumes folders under
+    ``root/<name>``; stopped on exit."""
+    folders = {volume: root / name / volume for volume in volumes}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    service = chart_service(
+        deployment(render, name), secrets=_secrets(postgres), volumes=folders, root=root
+    )
+    service.start(timeout=120)
+    try:
+        yield service
+    finally:
+        service.stop()
 
 
 @pytest.fixture(scope="module")
@@ -96,17 +108,8 @@ def mlflow_service(
     postgres: PostgresCluster, chart_render: list[dict[str, Any]], services_root: Path
 ) -> Iterator[ServiceProcess]:
     """The chart's MLflow server on ``postgres``; ``.url`` is the tracking URI."""
-    service = chart_service(
-        deployment(chart_render, "llmrl-mlflow"),
-        secrets=_secrets(postgres),
-        volumes=_volumes(services_root / "mlflow", "tmp"),
-        root=services_root,
-    )
-    service.start(timeout=120)
-    try:
+    with _running(postgres, chart_render, "llmrl-mlflow", services_root, "tmp") as service:
         yield service
-    finally:
-        service.stop()
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +117,6 @@ def prefect_service(
     postgres: PostgresCluster, chart_render: list[dict[str, Any]], services_root: Path
 ) -> Iterator[ServiceProcess]:
     """The chart's Prefect server on ``postgres``; its API is ``.url + "/api"``."""
-    service = chart_service(
-        deployment(chart_render, "llmrl-prefect-server"),
-        secrets=_secrets(postgres),
-        volumes=_volumes(services_root / "prefect", "tmp", "data"),
-        root=services_root,
-    )
-    service.start(timeout=120)
-    try:
+    name = "llmrl-prefect-server"
+    with _running(postgres, chart_render, name, services_root, "tmp", "data") as service:
         yield service
-    finally:
-        service.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from llmrl.tracking.experiments import (
@@ -39,3 +40,33 @@ def test_experiments_open_in_the_model_training_view(tmp_path: Path) -> None:
     restored = client.get_experiment(chosen)
     assert restored.lifecycle_stage == "active"
     assert restored.tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_a_kind_tag_set_by_another_process_meanwhile_is_kept(tmp_path: Path) -> None:
+    """Processes starting together on an untagged experiment race to tag it; on PostgreSQL the
+    losers' inserts fail on the tag's key (tests/services saw it). A loser goes on; a failure
+    that left no tag (the server away) still raises."""
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    shared = client.create_experiment("shared")
+
+    class LosesTheRace:
+        """The real client, whose tag insert loses to another process (or fails outright)."""
+
+        def __init__(self, other_wins: bool) -> None:
+            self.other_wins = other_wins
+
+        def __getattr__(self, name: str):
+            return getattr(client, name)
+
+        def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+            if self.other_wins:
+                client.set_experiment_tag(experiment_id, key, value)
+            raise MlflowException("duplicate key value violates unique constraint",
+                                  error_code="BAD_REQUEST")  # fmt: skip
+
+    with pytest.raises(MlflowException, match="duplicate key"):
+        get_or_create_experiment(LosesTheRace(other_wins=False), "shared")
+    assert get_or_create_experiment(LosesTheRace(other_wins=True), "shared") == shared
+    assert client.get_experiment(shared).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
