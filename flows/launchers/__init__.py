@@ -5,7 +5,8 @@
   eval) on a cluster.
 
 Both follow the :class:`Launcher` protocol and raise the same three errors, so a flow does not
-know where its stages run.
+know where its stages run. Both take the user's code as Ray's ``runtime_env``
+(:class:`RayRuntimeEnv`, :mod:`flows.launchers.runtime_env`).
 """
 
 from flows.launchers.base import (
@@ -20,6 +21,7 @@ from flows.launchers.base import (
 )
 from flows.launchers.kubernetes import KubernetesLauncher
 from flows.launchers.local import LocalLauncher
+from flows.launchers.runtime_env import RayRuntimeEnv
 from flows.launchers.settings import KubernetesSettings, PodResources
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "Launcher",
     "LocalLauncher",
     "PodResources",
+    "RayRuntimeEnv",
     "StageConfigError",
     "StageError",
     "StageFailedError",

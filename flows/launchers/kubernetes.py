@@ -27,6 +27,10 @@ job's, KubeRay's submitter, runs ``ray job submit``, so its termination message 
 mechanism serves both kinds; the log is never parsed. The launcher creates the folder before it
 creates anything, so a process that does not see the shared volume fails at once.
 
+The user's code (the pipeline's ``runtime_env``) goes into every RayJob's ``runtimeEnvYAML``
+and every Job's pod (:mod:`flows.launchers.runtime_env`); what cannot reach a stage is refused
+when the launcher is made, before anything is created.
+
 When the task is cancelled it deletes what it created; after a failure too, unless
 ``delete_on_failure`` is off. After a success ``ttlSecondsAfterFinished`` cleans up. API errors
 429/5xx and an unreachable API are :class:`TransientStageError` (the flow retries); while
@@ -66,6 +70,7 @@ from flows.launchers.manifests import (
     requested_gpus,
     resource_name,
 )
+from flows.launchers.runtime_env import RayRuntimeEnv, cluster_runtime_env, job_code
 from flows.launchers.settings import KubernetesSettings, effective_settings
 
 if TYPE_CHECKING:
@@ -79,7 +84,11 @@ class KubernetesLauncher:
 
     ``api_client`` is a ``kubernetes.client.ApiClient`` (default: in-cluster config, else
     ``~/.kube/config``); ``topology`` defaults to ``settings.topology``'s file, else
-    ``Topology()``.
+    ``Topology()``; ``runtime_env`` is the user's code and variables for every stage.
+
+    Raises:
+        StageConfigError: the settings file is not valid, or ``runtime_env`` cannot reach the
+            stages (a relative path; a URI only Ray can fetch, for the Jobs); names the field.
 
     Example::
 
@@ -94,9 +103,15 @@ class KubernetesLauncher:
         api_client: Any = None,
         topology: Topology | None = None,
         flow_run_id: str | None = None,
+        runtime_env: RayRuntimeEnv | None = None,
     ) -> None:
         try:
             self.settings = effective_settings(settings or KubernetesSettings())
+        except ValueError as error:
+            raise StageConfigError("kubernetes", str(error)) from None
+        try:
+            self.runtime_env = cluster_runtime_env(runtime_env or RayRuntimeEnv())
+            job_code(self.runtime_env)  # the Jobs (prepare, eval) can take it
         except ValueError as error:
             raise StageConfigError("kubernetes", str(error)) from None
         self._api_client = api_client
@@ -119,7 +134,10 @@ class KubernetesLauncher:
         resource = resource_name(label)
         result_file = self.settings.results_dir / f"{resource}.json"
         env = {**env, **result_file_env(result_file)}
-        manifest = self._manifest(stage, resource, overrides, env, bool(config_path))
+        try:
+            manifest = self._manifest(stage, resource, overrides, env, bool(config_path))
+        except ValueError as error:  # the runtime_env's env_vars clash with llmrl's
+            raise StageConfigError(label, str(error)) from None
         self._check_gpus(label, manifest)
         self._make_results_dir(label)
         objects = StageObjects(
@@ -189,13 +207,13 @@ class KubernetesLauncher:
         if stage in RAY_STAGES:
             return build_rayjob_manifest(
                 stage, resource, self.settings, self.topology, overrides=overrides, env=env,
-                config_map=config_map, flow_run_id=self.flow_run_id,
+                config_map=config_map, flow_run_id=self.flow_run_id, runtime_env=self.runtime_env,
             )  # fmt: skip
         return build_job_manifest(
             stage, resource, self.settings, overrides=overrides, env=env, config_map=config_map,
             scheduling=self._job_scheduling(stage),
             resources=job_resources(stage, self.settings, self.topology),
-            flow_run_id=self.flow_run_id,
+            flow_run_id=self.flow_run_id, runtime_env=self.runtime_env,
         )  # fmt: skip
 
     def _make_results_dir(self, label: str) -> None:

@@ -11,11 +11,17 @@ whole group is terminated, then killed if it does not exit within ``terminate_ti
 When this process dies without a chance to do that (SIGKILL, out of memory), Linux kills the
 child too (``PR_SET_PDEATHSIG``), so a re-run never finds the killed run's stage still writing
 the checkpoints it resumes from.
+
+The user's code (the pipeline's ``runtime_env``, :mod:`flows.launchers.runtime_env`): its
+``py_modules`` folders and ``working_dir`` go on the child's ``PYTHONPATH``, its ``env_vars``
+into the child's environment (never over llmrl's own), and the whole runtime_env into
+``$LLMRL_RAY_RUNTIME_ENV``, which the Ray a stage starts is given.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -41,6 +47,8 @@ from flows.launchers.base import (
     stage_logger,
     tail_text,
 )
+from flows.launchers.runtime_env import RayRuntimeEnv, job_code, local_runtime_env, merged_env
+from llmrl.core.ray_helpers import RUNTIME_ENV_VARIABLE
 
 TRANSIENT_PATTERNS = re.compile(
     r"requests\.exceptions\.ConnectionError|MaxRetryError|Connection refused|"
@@ -54,7 +62,12 @@ class LocalLauncher:
     """Runs stages as subprocesses of this Python interpreter.
 
     ``command`` replaces ``[python, "-m", "llmrl.cli"]`` (tests use a ``python -c`` script);
-    ``cwd`` is the child's working directory (default: this process's).
+    ``cwd`` is the child's working directory (default: this process's); ``runtime_env`` the
+    user's code and variables (see the module docstring; relative paths are from ``cwd``).
+
+    Raises:
+        StageConfigError: ``runtime_env`` asks for what a local run cannot give (``pip``, a
+            wheel, a remote URI) or names a folder that does not exist.
 
     Example::
 
@@ -71,11 +84,16 @@ class LocalLauncher:
         cwd: str | Path | None = None,
         tail_lines: int = 200,
         terminate_timeout_s: float = 10.0,
+        runtime_env: RayRuntimeEnv | None = None,
     ) -> None:
         self.command = list(command) if command else [sys.executable, "-m", "llmrl.cli"]
         self.cwd = cwd
         self.tail_lines = tail_lines
         self.terminate_timeout_s = terminate_timeout_s
+        try:
+            self.runtime_env = local_runtime_env(runtime_env or RayRuntimeEnv(), cwd)
+        except ValueError as error:
+            raise StageConfigError("local", str(error)) from None
 
     def run(
         self,
@@ -91,8 +109,30 @@ class LocalLauncher:
         argv = [*self.command, *stage_arguments(stage, config_path, overrides)]
         with tempfile.TemporaryDirectory(prefix="llmrl-result-") as folder:
             result_file = Path(folder) / "result.json"
-            child_env = {**os.environ, **env, **result_file_env(result_file)}
+            own = {**env, **result_file_env(result_file)}
+            try:
+                child_env = {**os.environ, **self.user_env(own)}
+            except ValueError as error:
+                raise StageConfigError(name, str(error)) from None
             return self._run(name, argv, {**child_env, "PYTHONUNBUFFERED": "1"}, result_file)
+
+    def user_env(self, own: Mapping[str, str]) -> dict[str, str]:
+        """llmrl's variables ``own`` with the runtime_env's: its ``env_vars``, its folders in
+        front of ``PYTHONPATH``, and itself in ``$LLMRL_RAY_RUNTIME_ENV``.
+
+        Raises:
+            ValueError: an ``env_vars`` variable is one of ``own`` (named).
+        """
+        runtime_env = self.runtime_env
+        if runtime_env.is_empty:
+            return dict(own)
+        merged = merged_env(runtime_env.env_vars, own)
+        _, paths = job_code(runtime_env)
+        inherited = os.environ.get("PYTHONPATH")
+        if paths:
+            merged["PYTHONPATH"] = os.pathsep.join([*paths, *([inherited] if inherited else [])])
+        merged[RUNTIME_ENV_VARIABLE] = json.dumps(runtime_env.to_ray(), sort_keys=True)
+        return merged
 
     def _run(
         self, name: str, argv: list[str], child_env: dict[str, str], result_file: Path

@@ -22,6 +22,11 @@ Where the entrypoint (the stage's driver) runs, pinned by the custom Ray resourc
   group, which offers ``llmrl_driver``, and reserves the trainer's GPUs; the head offers Ray no
   CPU (``num-cpus: "0"``).
 
+The user's code (the pipeline's ``runtime_env``, :mod:`flows.launchers.runtime_env`): a
+RayJob carries it in ``runtimeEnvYAML`` beside llmrl's own ``env_vars`` (its submitter, which
+uploads local paths, then mounts the shared claim); a Job gets an init container that installs
+its ``pip`` packages into an ``emptyDir``, and ``PYTHONPATH`` and env for the rest.
+
 Every object carries the labels of :func:`~flows.launchers.k8s_metadata.run_labels` (with
 ``llmrl.io/flow-run``), the Kueue queue label when one is set, and an ownerReference to the
 flow-run pod when the settings know it; pods add ``llmrl.io/role`` (``job``, ``driver`` for
@@ -37,7 +42,7 @@ from __future__ import annotations
 import copy
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -55,6 +60,17 @@ from flows.launchers.k8s_metadata import (  # noqa: F401
     pod_metadata,
     resource_name,
     run_labels,
+)
+from flows.launchers.runtime_env import (
+    PIP_INSTALL_CPUS,
+    PIP_INSTALL_MEMORY_GB,
+    PYTHONPATH,
+    USER_PACKAGES_DIR,
+    USER_SITE_PACKAGES,
+    RayRuntimeEnv,
+    job_code,
+    merged_env,
+    pip_install_script,
 )
 from flows.launchers.settings import (
     CONTAINER_SECURITY_CONTEXT,
@@ -126,11 +142,17 @@ def build_job_manifest(
     scheduling: SchedulingSpec | None = None,
     resources: PodResources | None = None,
     flow_run_id: str | None = None,
+    runtime_env: RayRuntimeEnv | None = None,
 ) -> dict[str, Any]:
     """A ``batch/v1`` Job running one stage in one pod (no retries: the flow decides).
 
     ``resources`` defaults to ``settings.jobs[stage]`` (GPUs left open count as 0 here; the
-    launcher resolves them from the topology with :func:`job_resources`).
+    launcher resolves them from the topology with :func:`job_resources`). ``runtime_env``: the
+    user's code (see the module docstring).
+
+    Raises:
+        ValueError: ``runtime_env`` cannot reach a Job (a remote URI) or its ``env_vars``
+            clash with llmrl's (named).
     """
     resources = resources or settings.jobs.get(stage, PodResources())
     container = {
@@ -141,8 +163,18 @@ def build_job_manifest(
         "resources": _resources(resources.cpus, resources.memory_gb, resources.gpus or 0),
     }
     labels = run_labels(name, stage, flow_run_id)
-    pod = _pod_spec(settings, "job", [container], {**settings.env, **(env or {})}, config_map,
-                    scheduling, shm_gb=None)  # fmt: skip
+    all_env = {**settings.env, **(env or {})}
+    runtime_env = runtime_env or RayRuntimeEnv()
+    requirements, paths = job_code(runtime_env)
+    all_env = merged_env(runtime_env.env_vars, all_env, _pod_env_names(settings, ["job"]))
+    if requirements:
+        paths = [USER_SITE_PACKAGES, *paths]
+    if paths:
+        inherited = all_env.get(PYTHONPATH)
+        all_env[PYTHONPATH] = ":".join([*paths, *([inherited] if inherited else [])])
+    pod = _pod_spec(settings, "job", [container], all_env, config_map, scheduling, shm_gb=None)
+    if requirements:
+        _add_pip_init_container(pod, settings, runtime_env, requirements)
     pod["restartPolicy"] = "Never"
     spec: dict[str, Any] = {
         "backoffLimit": 0,
@@ -153,6 +185,35 @@ def build_job_manifest(
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
     metadata = object_metadata(name, stage, settings, flow_run_id)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def _add_pip_init_container(
+    pod: dict[str, Any],
+    settings: KubernetesSettings,
+    runtime_env: RayRuntimeEnv,
+    requirements: list[str],
+) -> None:
+    """Give a Job's pod the init container that installs ``requirements`` into an
+    ``emptyDir`` at :data:`~flows.launchers.runtime_env.USER_PACKAGES_DIR`, with the stage
+    container's env (a pip index, a proxy) and mounts (wheels on the shared claim)."""
+    (container,) = pod["containers"]
+    volume = {"name": "user-packages", "emptyDir": {}}
+    mount = {"name": "user-packages", "mountPath": USER_PACKAGES_DIR}
+    container["volumeMounts"] = [*container.get("volumeMounts", []), mount]
+    pod["volumes"] = [*pod.get("volumes", []), volume]
+    init = {
+        "name": "user-packages",
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["sh", "-c", pip_install_script(runtime_env, requirements)],
+        "resources": _resources(PIP_INSTALL_CPUS, PIP_INSTALL_MEMORY_GB, 0),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": copy.deepcopy(container["volumeMounts"]),
+    }
+    for key in ("env", "envFrom"):
+        if key in container:
+            init[key] = copy.deepcopy(container[key])
+    pod["initContainers"] = [init]
 
 
 def topology_override(topology: Topology) -> str:
@@ -173,17 +234,25 @@ def build_rayjob_manifest(
     env: Mapping[str, str] | None = None,
     config_map: str | None = None,
     flow_run_id: str | None = None,
+    runtime_env: RayRuntimeEnv | None = None,
 ) -> dict[str, Any]:
     """A KubeRay ``RayJob`` (ray.io/v1) running one stage on its own Ray cluster.
 
     The driver runs on the trainer group for a stage of :data:`TRAINING_DRIVERS`, else on the
     head (see the module docstring). ``ttlSecondsAfterFinished`` is 0: KubeRay deletes the Ray
     cluster, and with it the GPUs, the moment the job ends; the submitter's Job (its log) stays
-    until the RayJob itself is deleted.
+    until the RayJob itself is deleted. ``runtime_env``, the user's code, goes into
+    ``runtimeEnvYAML`` with llmrl's env as its ``env_vars``.
+
+    Raises:
+        ValueError: ``runtime_env``'s ``env_vars`` clash with llmrl's (named).
     """
     labels = run_labels(name, stage, flow_run_id)
     trains = stage in TRAINING_DRIVERS
     all_env = {**settings.env, **(env or {})}
+    runtime_env = runtime_env or RayRuntimeEnv()
+    merged_env(runtime_env.env_vars, all_env, _pod_env_names(settings, settings.roles))
+    ray_runtime_env = runtime_env.to_ray(all_env)
     head_container = {
         **_ray_container(settings, "ray-head", settings.head),
         "ports": [
@@ -209,8 +278,9 @@ def build_rayjob_manifest(
         "imagePullPolicy": settings.image_pull_policy,
         "resources": _resources(0.5, 1.0, 0),
     }
+    # The submitter runs `ray job submit`, which uploads the runtime_env's local paths.
     submitter_spec = _pod_spec(settings, "driver", [submitter_container], all_env, None, None,
-                               shm_gb=None, mount_shared=False)  # fmt: skip
+                               shm_gb=None, mount_shared=runtime_env.has_local_paths())  # fmt: skip
     submitter_spec["restartPolicy"] = "Never"
     submitter = {"metadata": pod_metadata(settings, labels, "driver"), "spec": submitter_spec}
     if stage in TOPOLOGY_STAGES:  # the stage places exactly the roles this cluster provides
@@ -233,8 +303,8 @@ def build_rayjob_manifest(
     }
     if trains and topology.trainer.gpus:
         spec["entrypointNumGpus"] = topology.trainer.gpus
-    if all_env:
-        spec["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": dict(all_env)}, sort_keys=True)
+    if ray_runtime_env:
+        spec["runtimeEnvYAML"] = yaml.safe_dump(ray_runtime_env, sort_keys=True)
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
     metadata = object_metadata(name, stage, settings, flow_run_id)
@@ -395,6 +465,15 @@ def _container_env(
     for entry in extra.env:
         entries[entry["name"]] = dict(entry)
     return list(entries.values()), [*settings.env_from, *extra.env_from]
+
+
+def _pod_env_names(settings: KubernetesSettings, roles: Iterable[str]) -> set[str]:
+    """Variables the pods of ``roles`` get from the settings besides ``env``: the HF token and
+    each role's own env."""
+    names = {"HF_TOKEN"} if settings.hf_token_secret is not None else set()
+    for role in roles:
+        names.update(entry["name"] for entry in settings.role(role).env)
+    return names
 
 
 def _resources(cpus: float, memory_gb: float, gpus: int) -> dict[str, Any]:

@@ -166,6 +166,20 @@ class RewardSettings(ConfigModel):
         le=MAX_WEIGHT,
         description="weight of the task's own reward (its checker); 0: the models alone",
     )
+    task_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="a task class from your own code: seconds one score call may take; a call "
+        "past it gives the row task_fallback_reward (reward functions set their own)",
+    )
+    task_fallback_reward: float = Field(
+        0.0,
+        ge=-MAX_WEIGHT,
+        le=MAX_WEIGHT,
+        description="a task class from your own code: the reward of a row whose score call "
+        "raised, timed out or returned NaN or a wrong type (flagged, counted in task/failures)",
+    )
     reward_model: RewardModelSettings | None = Field(
         None, description="score with topology.reward_model (null: not used)"
     )

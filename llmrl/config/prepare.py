@@ -1,6 +1,13 @@
 """The ``prepare`` stage's config: which task, where its rows come from, how to split them.
 
-Two kinds of task exist. *Generated* tasks (arithmetic, countdown, ifeval) synthesize their
+Besides llmrl's own tasks, ``task`` may name the user's code (an import path or an installed
+entry point: :mod:`llmrl.config.task_spec`), and ``reward`` one or several reward functions with
+weights. Such a task reads a source in the user's shape (:mod:`llmrl.data.row_mapping`: the
+prompt from a column, a ``prompt_template`` over several columns or a chat ``messages`` column;
+every other column kept for the reward), or generates its problems when it has a ``generate``
+method and no source is given.
+
+Two kinds of built-in task exist. *Generated* tasks (arithmetic, countdown, ifeval) synthesize their
 problems from a seed and read no data; *source* tasks (gsm8k, and ifeval when a ``source`` is
 given) read rows from a local .jsonl/.json/.parquet file or a ``datasets`` ``save_to_disk``
 directory. Nothing is downloaded: a hub id is read only from the local Hugging Face cache, and
@@ -10,14 +17,28 @@ one that is not cached is an error saying how to save a local copy (see
 
 from __future__ import annotations
 
+import re
+import string
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from llmrl.config.task_spec import (
+    REWARD_FUNCTIONS_TASK,
+    RewardFunctionSpec,
+    check_task_spec,
+    reward_function_problems,
+)
 from llmrl.core.config_loading import MAX_ROWS, MAX_SEED, MAX_TEXT_CHARS, ConfigModel
 
-TaskName = Literal["arithmetic", "gsm8k", "math", "countdown", "ifeval"]
+LLMRL_TASKS: tuple[str, ...] = ("arithmetic", "gsm8k", "math", "countdown", "ifeval")
+"""llmrl's own tasks, whose sources have the fixed fields below."""
+
+USER_ROW_ROLES: tuple[str, ...] = ("prompt", "answer", "messages", "completion")
+"""What ``columns`` may map for any other task: the prompt (text), the reference answer, a chat
+``messages`` column (the prompt, and its last assistant turn as SFT target) and a completion
+(the SFT target); every other column of a row is kept in ``Problem.fields``."""
 
 GENERATED_TASKS: tuple[str, ...] = ("arithmetic", "countdown", "ifeval")
 """Tasks whose problems are synthesized from a seed (``generate`` section)."""
@@ -98,7 +119,37 @@ class PrepareConfig(ConfigModel):
         PrepareConfig(task="gsm8k", source="data/gsm8k/train.jsonl", eval_source="data/test.jsonl")
     """
 
-    task: TaskName = Field("arithmetic", description="the task to prepare")
+    task: str = Field(
+        "arithmetic",
+        description="the task to prepare: a built-in name (arithmetic, gsm8k, math, countdown, "
+        "ifeval, reasoning-gym, verifiers, openenv), an import path of your own task class or "
+        "reward function ('my_pkg.tasks:MyTask'), or a name your installed package registers "
+        "in the entry-point group llmrl.tasks",
+    )
+    reward: list[RewardFunctionSpec] | None = Field(
+        None,
+        description="instead of `task`: your reward function(s), each {function: "
+        "'my_pkg.rewards:score', weight, form, timeout_s, fallback_reward}; a bare import "
+        "path string is one function of weight 1",
+    )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments of the task's constructor (your task class, an "
+        "ecosystem adapter such as reasoning-gym's {dataset: ...}); recorded in the manifest, "
+        "so every stage builds the same task",
+    )
+    instructions: str | None = Field(
+        None,
+        max_length=MAX_TEXT_CHARS,
+        description="the system prompt of a `reward` task (the answer format your functions "
+        "expect); null: a generic one",
+    )
+    prompt_template: str | None = Field(
+        None,
+        max_length=MAX_TEXT_CHARS,
+        description="a task other than llmrl's own: the prompt as a template over the row's "
+        "columns, e.g. 'Convert {value} {unit} to metres.' (write {{ and }} for braces)",
+    )
     source: str | None = Field(
         None,
         description=(
@@ -201,6 +252,36 @@ class PrepareConfig(ConfigModel):
             raise ValueError("must not be empty; use null to leave it unset")
         return value
 
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _reward_list(cls, value: Any) -> Any:
+        if isinstance(value, (str, dict)):
+            value = [value]
+        if isinstance(value, list):
+            return [{"function": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("task")
+    @classmethod
+    def _task_loads(cls, value: str) -> str:
+        return check_task_spec(value)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_parses(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name]
+        except ValueError as error:
+            raise ValueError(f"not a template ({error}); write {{{{ and }}}} for braces") from None
+        if not names:
+            raise ValueError("names no column: use {column} for a row's value")
+        bad = [name for name in names if not re.fullmatch(r"\w+", name)]
+        if bad:
+            raise ValueError(f"placeholders must be plain column names, got {bad}")
+        return value
+
     @field_validator("columns")
     @classmethod
     def _columns_named(cls, value: dict[str, str]) -> dict[str, str]:
@@ -209,22 +290,76 @@ class PrepareConfig(ConfigModel):
                 raise ValueError(f"the column for task field '{field}' must not be empty")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_is_the_task(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("reward") is not None:
+            if data.get("task", REWARD_FUNCTIONS_TASK) != REWARD_FUNCTIONS_TASK:
+                raise ValueError("task: set `task` or `reward`, not both")
+            data = {**data, "task": REWARD_FUNCTIONS_TASK}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> PrepareConfig:
-        problems = (
-            self._generated_problems()
-            if self.is_generated
-            else self._source_problems(
+        if self.reward is not None:
+            problems = reward_function_problems(self.reward, "reward")
+            if problems:
+                raise ValueError("\n".join(problems))
+        elif self.task == REWARD_FUNCTIONS_TASK:
+            raise ValueError(f"reward: required for task '{REWARD_FUNCTIONS_TASK}'")
+        if not self.is_llmrl_task:
+            problems = self._user_task_problems()
+        elif self.is_generated:
+            problems = self._generated_problems()
+        else:
+            problems = self._source_problems(
                 SOURCE_TASK_FIELDS[self.task] + OPTIONAL_TASK_FIELDS.get(self.task, ())
             )
-        )
+        for name in ("prompt_template", "instructions"):
+            if self.is_llmrl_task and getattr(self, name) is not None:
+                problems.append(f"{name}: only for your own tasks; task '{self.task}' sets it")
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
     @property
+    def is_llmrl_task(self) -> bool:
+        """Whether the task is one of llmrl's own (fixed source fields, no user columns)."""
+        return self.task in LLMRL_TASKS
+
+    def task_build_options(self) -> dict[str, Any]:
+        """The options :func:`~llmrl.envs.tasks.make_task` builds this task with (recorded in
+        the manifest)."""
+        options = dict(self.task_options)
+        if self.reward is not None:
+            options["functions"] = [
+                {"function": spec.function, **spec.options()} for spec in self.reward
+            ]
+            if self.instructions is not None:
+                options["instructions"] = self.instructions
+        return options
+
+    def _user_task_problems(self) -> list[str]:
+        problems = []
+        for name in self.columns:
+            if name not in USER_ROW_ROLES:
+                problems.append(
+                    f"columns.{name}: not a role a column can take ({', '.join(USER_ROW_ROLES)}); "
+                    "every other column is kept for the reward under its own name"
+                )
+        if self.prompt_template is not None and "messages" in self.columns:
+            problems.append("prompt_template: set it or columns.messages, not both")
+        if self.source is None and self.eval_source is not None:
+            problems.append("eval_source: needs a `source` for the training rows")
+        if self.source is not None and self.generate != GenerateConfig():
+            problems.append(f"generate: task '{self.task}' reads `source`; remove one of them")
+        return problems
+
+    @property
     def is_generated(self) -> bool:
         """Whether the task synthesizes its problems (no source is read)."""
+        if not self.is_llmrl_task:
+            return self.source is None
         if self.task not in GENERATED_TASKS:
             return False
         return self.task not in SOURCE_TASK_FIELDS or (

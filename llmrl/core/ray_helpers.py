@@ -8,6 +8,12 @@ from typing import Any
 
 from llmrl.core.errors import MissingExtraError
 
+RUNTIME_ENV_VARIABLE = "LLMRL_RAY_RUNTIME_ENV"
+"""Names a Ray ``runtime_env`` (JSON) for the Ray a stage starts or joins on its own: the local
+launcher sets it from the pipeline's ``runtime_env`` parameter, so the user's ``py_modules``
+reach the actors (:func:`llmrl.runtime.ray_cluster.ray_session`). A KubeRay RayJob carries
+its runtime_env itself (``runtimeEnvYAML``) and does not set it."""
+
 
 def free_port() -> int:
     """A TCP port free on this machine right now."""

@@ -27,6 +27,7 @@ import importlib
 import inspect
 import json
 import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from llmrl.config.prepare import SOURCE_TASK_FIELDS, PrepareConfig
+from llmrl.config.task_spec import BUILTIN_TASKS
 from llmrl.core.config_loading import ConfigError
+from llmrl.core.user_code import find_entry_point, is_import_path
 from llmrl.data.dataset_error import DatasetError
 from llmrl.data.json_rows import load_json_line
 from llmrl.data.prepare_sources import RowCopier, SourceInput, resolve_inputs
@@ -52,6 +55,7 @@ from llmrl.data.prepared_folder import (
     write_manifest,
 )
 from llmrl.data.problem import Problem
+from llmrl.data.row_mapping import RowMapping
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +108,9 @@ def prepare_dataset(config: PrepareConfig, progress: bool = True) -> PreparedDat
         ConfigError: a generated task rejects ``generate.options`` or a size.
         MissingDatasetsError: a directory or hub source without the ``datasets`` package.
     """
-    module = importlib.import_module(_TASKS[config.task][0])
+    modules = _task_modules(config)
     inputs = {} if config.is_generated else resolve_inputs(config)
-    code_sha = _code_sha256(module)
+    code_sha = _code_sha256(modules)
     identity = {
         "format_version": FORMAT_VERSION,
         "config": config.model_dump(mode="json", exclude=_NOT_IN_DIGEST[config.reader]),
@@ -114,7 +118,7 @@ def prepare_dataset(config: PrepareConfig, progress: bool = True) -> PreparedDat
         "task_code": code_sha,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    final = Path(config.output_dir) / f"{config.task}-{digest}"
+    final = Path(config.output_dir) / f"{task_slug(config.task)}-{digest}"
     manifest = reusable_manifest(final, digest)
     if manifest is not None:
         logger.info("reusing %s: it was prepared from the same inputs", final)
@@ -127,14 +131,17 @@ def prepare_dataset(config: PrepareConfig, progress: bool = True) -> PreparedDat
         staging.chmod(0o755)  # mkdtemp makes it private; prepared data is meant to be shared
         writer = SplitWriter(staging)
         with writer:
-            if config.is_generated:
-                described = _write_generated(config, module, writer)
+            if not config.is_llmrl_task:
+                described = _write_user_task(config, inputs, writer, progress)
+            elif config.is_generated:
+                described = _write_generated(config, modules[0], writer)
             else:
-                described = _write_from_sources(config, module, inputs, writer, progress)
+                described = _write_from_sources(config, modules[0], inputs, writer, progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "digest": digest,
             "task": config.task,
+            **({} if config.is_llmrl_task else {"task_options": config.task_build_options()}),
             **described,
             "config": config.model_dump(mode="json"),
             "rows": dict(writer.rows),
@@ -182,18 +189,97 @@ def load_prepared(path: str | Path) -> tuple[list[Problem], list[Problem]]:
     return splits[0], splits[1]
 
 
-def _code_sha256(module: Any) -> str:
-    """sha256 of the task's module and of the ``llmrl.envs.tasks`` modules it uses."""
-    names = {module.__name__}
-    for value in vars(module).values():
-        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
-        if isinstance(name, str) and name.startswith("llmrl.envs.tasks."):
-            names.add(name)
+def task_slug(task: str) -> str:
+    """A folder-name-safe short form of a task spec: ``my_pkg.rewards:score`` -> ``score``."""
+    short = task.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", short).strip("-") or "task"
+
+
+def _task_modules(config: PrepareConfig) -> list[Any]:
+    """The modules whose code makes the task (the digest covers them): an llmrl task's module;
+    for the user's code, the module of each reward function or of the task class."""
+    if config.is_llmrl_task:
+        return [importlib.import_module(_TASKS[config.task][0])]
+    specs = [spec.function for spec in config.reward or []] or [config.task]
+    modules = []
+    for spec in specs:
+        target = BUILTIN_TASKS.get(spec, spec)
+        if not is_import_path(target):  # an entry point: its module
+            found = find_entry_point(target)
+            target = found.value if found is not None else target
+        try:
+            modules.append(importlib.import_module(target.partition(":")[0].strip()))
+        except ImportError as error:
+            raise ConfigError([f"task: {spec!r} does not import: {error}"]) from None
+    return modules
+
+
+def _code_sha256(modules: list[Any]) -> str:
+    """sha256 of the task's modules and of the ``llmrl.envs.tasks`` modules they use."""
+    names = {module.__name__ for module in modules}
+    for module in modules:
+        for value in vars(module).values():
+            name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+            if isinstance(name, str) and name.startswith("llmrl.envs.tasks."):
+                names.add(name)
     digest = hashlib.sha256()
     for name in sorted(names):
-        source_file = Path(str(inspect.getsourcefile(sys.modules[name])))
-        digest.update(name.encode() + b"\0" + source_file.read_bytes())
+        source = inspect.getsourcefile(sys.modules[name])
+        code = Path(source).read_bytes() if source else repr(sys.modules[name]).encode()
+        digest.update(name.encode() + b"\0" + code)
     return digest.hexdigest()
+
+
+def _build_task(config: PrepareConfig) -> Any:
+    """The user's (or an ecosystem) task, built as every later stage will build it."""
+    # by name, like the llmrl task modules above: the envs layer sits above data
+    make_task = importlib.import_module("llmrl.envs.tasks").make_task
+    try:
+        return make_task(config.task, **config.generate.options, **config.task_build_options())
+    except (TypeError, ValueError) as error:
+        raise ConfigError([f"task_options: {error}"]) from None
+
+
+def _write_user_task(
+    config: PrepareConfig, inputs: dict[str, SourceInput], writer: SplitWriter, progress: bool
+) -> dict[str, Any]:
+    """Rows of a task that is not llmrl's own: generated by its ``generate`` method, or read
+    from a source in the user's shape (:class:`RowMapping`)."""
+    task = _build_task(config)
+    if config.is_generated:
+        if not callable(getattr(task, "generate", None)):
+            raise ConfigError(
+                [
+                    f"source: required: task {config.task!r} has no generate(count, seed, split) "
+                    "method to make its problems"
+                ]
+            )
+        _write_splits(config, task, writer)
+        generated = {"class": config.task, "options": config.generate.options}
+        return {"source": None, "eval_source": None, "generated": generated, "skipped": {}}
+    mapping = RowMapping(
+        task_slug(config.task), config.columns, config.prompt_template, config.max_row_chars
+    )
+    return _copy_sources(
+        config, RowCopier(config, _unused, writer, progress, mapping=mapping), inputs, "prompt"
+    )
+
+
+def _write_splits(config: PrepareConfig, task: Any, writer: SplitWriter) -> None:
+    """A generated task's train and eval problems, from ``generate``'s sizes and seed."""
+    seed = config.generate.seed
+    for split, size in (("train", config.generate.train_size), ("eval", config.generate.eval_size)):
+        logger.info("generating %d %s problems of %s (seed %d)", size, split, config.task, seed)
+        try:
+            problems = task.generate(size, seed, split)
+        except ValueError as error:
+            raise ConfigError([f"generate.{split}_size: {error}"]) from None
+        for problem in problems:
+            writer.write(split, problem)
+
+
+def _unused(row: dict, index: int, split: str) -> Problem:
+    raise AssertionError("a mapped source makes its problems with its RowMapping")
 
 
 def _write_generated(config: PrepareConfig, module: Any, writer: SplitWriter) -> dict[str, Any]:
@@ -206,15 +292,7 @@ def _write_generated(config: PrepareConfig, module: Any, writer: SplitWriter) ->
         raise ConfigError([f"generate.options: {error} (accepted: {accepted})"]) from None
     except ValueError as error:
         raise ConfigError([f"generate.options: {error}"]) from None
-    seed = config.generate.seed
-    for split, size in (("train", config.generate.train_size), ("eval", config.generate.eval_size)):
-        logger.info("generating %d %s problems of %s (seed %d)", size, split, config.task, seed)
-        try:
-            problems = task.generate(size, seed, split)
-        except ValueError as error:
-            raise ConfigError([f"generate.{split}_size: {error}"]) from None
-        for problem in problems:
-            writer.write(split, problem)
+    _write_splits(config, task, writer)
     generated = {"class": f"{module.__name__}.{task_cls.__name__}", "options": options}
     return {"source": None, "eval_source": None, "generated": generated, "skipped": {}}
 
@@ -227,8 +305,14 @@ def _write_from_sources(
     progress: bool,
 ) -> dict[str, Any]:
     make_problem = getattr(module, _ROW_FUNCTIONS.get(config.task, _TASKS[config.task][1]))
-    fields = SOURCE_TASK_FIELDS[config.task]
     copier = RowCopier(config, make_problem, writer, progress)
+    return _copy_sources(config, copier, inputs, SOURCE_TASK_FIELDS[config.task][0])
+
+
+def _copy_sources(
+    config: PrepareConfig, copier: RowCopier, inputs: dict[str, SourceInput], key: str
+) -> dict[str, Any]:
+    """Copy the sources' rows into the splits (``key``: the row value the split hash reads)."""
     described: dict[str, Any] = {"source": None, "eval_source": None, "generated": None}
     if "eval_source" in inputs:
         for name, split in (("source", "train"), ("eval_source", "eval")):
@@ -238,7 +322,7 @@ def _write_from_sources(
         fraction, seed = config.split.eval_fraction, config.split.seed
 
         def assign(row: dict[str, str]) -> str:
-            return "eval" if _hash_fraction(seed, row[fields[0]]) < fraction else "train"
+            return "eval" if _hash_fraction(seed, row[key]) < fraction else "train"
 
         described["source"] = inputs["source"].describe(
             config, copier.copy(inputs["source"], assign)
@@ -247,12 +331,12 @@ def _write_from_sources(
     if skipped:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(skipped.items()))
         logger.warning("skipped %d invalid rows (%s)", skipped.total(), reasons)
-    if writer.rows["train"] == 0:
+    if copier.writer.rows["train"] == 0:
         raise DatasetError(
             f"no valid training rows ({skipped.total()} invalid rows skipped)",
             file=inputs["source"].source.spec,
         )
-    if writer.rows["eval"] == 0:
+    if copier.writer.rows["eval"] == 0:
         logger.warning("the eval split is empty")
     return described | {"skipped": dict(sorted(skipped.items()))}
 

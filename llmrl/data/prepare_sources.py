@@ -36,6 +36,7 @@ from llmrl.data.hf_datasets import require_datasets
 from llmrl.data.prepared_folder import SplitWriter
 from llmrl.data.problem import Problem
 from llmrl.data.row_fields import present_fields, require_fields, require_text_fields
+from llmrl.data.row_mapping import RowMapping
 from llmrl.data.sources import DataSource, count_rows, fingerprint, resolve_source
 
 logger = logging.getLogger(__name__)
@@ -108,11 +109,15 @@ class RowCopier:
     writer: SplitWriter
     progress: bool
     skipped: Counter[str] = field(default_factory=Counter)
+    mapping: RowMapping | None = None
+    """Rows in the user's shape (a task that is not llmrl's own): mapped whole, see
+    :mod:`llmrl.data.row_mapping`; ``make_problem`` is not used then."""
 
     def copy(self, item: SourceInput, assign: Callable[[dict[str, str]], str]) -> int:
         """Copy every row of ``item``; returns how many rows were read."""
         config, spec = self.config, item.source.spec
-        columns = {name: config.columns.get(name, name) for name in SOURCE_TASK_FIELDS[config.task]}
+        fields = () if self.mapping is not None else SOURCE_TASK_FIELDS[config.task]
+        columns = {name: config.columns.get(name, name) for name in fields}
         optional = {
             name: config.columns.get(name, name)
             for name in OPTIONAL_TASK_FIELDS.get(config.task, ())
@@ -153,6 +158,11 @@ class RowCopier:
                 read += 1
                 bar.update()
                 try:
+                    if self.mapping is not None:
+                        values = {"prompt": self.mapping.prompt_text(row, spec, number)}
+                        split = assign(values)
+                        self.writer.write(split, self.mapping.problem(row, number, split, spec))
+                        continue
                     values = require_text_fields(
                         row,
                         text_columns,

@@ -48,7 +48,7 @@ class SplitWriter:
     def write(self, split: str, problem: Problem) -> None:
         """Append ``problem`` to ``split``'s file."""
         try:
-            line = json.dumps(asdict(problem), ensure_ascii=False) + "\n"
+            line = json.dumps(_row(problem), ensure_ascii=False) + "\n"
         except TypeError as error:
             raise DatasetError(f"problem {problem.id} is not JSON-serializable ({error})") from None
         data = line.encode("utf-8")
@@ -139,3 +139,14 @@ def install(staging: Path, final: Path, digest: str) -> None:
     finally:
         if stale is not None:
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _row(problem: Problem) -> dict[str, Any]:
+    """A problem as its JSON row; ``fields`` and ``messages`` only when set, so a built-in task's
+    files are byte for byte what they were before user columns existed."""
+    row = asdict(problem)
+    if not row["fields"]:
+        del row["fields"]
+    if row["messages"] is None:
+        del row["messages"]
+    return row

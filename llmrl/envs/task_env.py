@@ -26,7 +26,11 @@ class TaskEnv(DatasetChatEnv):
     The system prompt defaults to ``task.instructions`` (the required answer format). Extra
     ``transforms`` (tools, KL penalty, ...) run before the task's reward, weighted by
     ``reward_weight``; ``reward_transforms`` (a reward model's or a judge's score,
-    :class:`~llmrl.envs.transforms.model_reward.ModelReward`) run after it.
+    :class:`~llmrl.envs.transforms.model_reward.ModelReward`, extra reward functions) run after
+    it. A task with an ``env_options()`` hook (an environment from the ecosystem) adds its own
+    ``transforms`` (its turns), ``max_turns``, ``system_prompt`` and may replace the task's
+    reward with its own ``reward`` transform. ``fallback_reward`` and ``timeout_s`` contain a
+    task from the user's code (:class:`~llmrl.envs.transforms.task_reward.TaskReward`).
 
     Example:
         >>> task = ArithmeticTask(digits=2)
@@ -43,22 +47,49 @@ class TaskEnv(DatasetChatEnv):
         transforms: list[EnvTransform] | None = None,
         reward_weight: float = 1.0,
         reward_transforms: list[EnvTransform] | None = None,
+        fallback_reward: float = 0.0,
+        timeout_s: float | None = None,
         **env_options: Any,
     ) -> None:
+        own = task_env_options(task)
+        reward = own.pop("reward", None) or TaskReward(
+            task, weight=reward_weight, fallback_reward=fallback_reward, timeout_s=timeout_s
+        )
+        if system_prompt is None:
+            system_prompt = own.pop("system_prompt", task.instructions)
+        own.pop("system_prompt", None)
+        if "max_turns" in own:
+            env_options["max_turns"] = max(env_options.get("max_turns", 1), own.pop("max_turns"))
         super().__init__(
             problems,
             batch_size,
             repeats,
-            system_prompt=task.instructions if system_prompt is None else system_prompt,
+            system_prompt=system_prompt,
             transforms=[
+                *own.pop("transforms", []),
                 *(transforms or []),
-                TaskReward(task, weight=reward_weight),
+                reward,
                 *(reward_transforms or []),
             ],
             **env_options,
         )
         self.task = task
         self.problems = list(problems)
+
+
+def task_env_options(task: Task) -> dict[str, Any]:
+    """What ``task.env_options()`` returns (``{}`` for a task without the hook), checked."""
+    hook = getattr(task, "env_options", None)
+    if not callable(hook):
+        return {}
+    options = dict(hook())
+    unknown = sorted(set(options) - {"transforms", "max_turns", "system_prompt", "reward"})
+    if unknown:
+        raise ValueError(
+            f"task {task.name!r}: env_options() returned unknown keys {unknown} (known: "
+            "transforms, max_turns, system_prompt, reward)"
+        )
+    return options
 
 
 def _generated(

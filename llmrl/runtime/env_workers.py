@@ -50,6 +50,8 @@ class TaskEnvFactory:
             seed=self.seed + worker_index,
             group_ids=(worker_index, self.num_workers),  # unique across workers
             reward_weight=rewards.task_weight,
+            fallback_reward=rewards.task_fallback_reward,
+            timeout_s=rewards.task_timeout_s,
             reward_transforms=model_rewards(rewards, self.scorers or {}, self.tools),
             **tool_env_options(self.task, self.tools),
         )

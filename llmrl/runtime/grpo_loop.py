@@ -97,6 +97,8 @@ class InProcessGRPO:
             repeats=config.num_samples,
             seed=config.seed,
             reward_weight=config.rewards.task_weight,
+            fallback_reward=config.rewards.task_fallback_reward,
+            timeout_s=config.rewards.task_timeout_s,
         )
         turns = config.prompts_per_step * config.num_samples
         self.collector = LLMCollector(

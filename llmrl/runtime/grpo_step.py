@@ -157,22 +157,24 @@ def rollout_metrics(batch: TensorDictBase) -> dict[str, float]:
     }
 
 
-MODEL_REWARDS = ("reward_model", "judge")
-"""The model roles whose scores the env workers write per row (``<name>_score``,
-``<name>_failed``: :class:`~llmrl.envs.transforms.model_reward.ModelReward`)."""
-
-
 def model_reward_metrics(batch: TensorDictBase) -> dict[str, float]:
-    """``<role>/score_mean`` (over the rows it scored) and ``<role>/failures`` (rows that got
-    the fallback reward) of each model reward in the batch; nothing for the others."""
+    """``<name>/score_mean`` (over the rows it scored) and ``<name>/failures`` (rows that got
+    the fallback reward) of every scored part the env workers wrote as ``<name>_score`` and
+    ``<name>_failed``: the model rewards (``reward_model``, ``judge``:
+    :class:`~llmrl.envs.transforms.model_reward.ModelReward`) and each reward function of a
+    task made of several (:class:`~llmrl.envs.transforms.task_reward.TaskReward`); and
+    ``task/failures``, the rows whose task reward came from the fallback because the user's
+    scoring code failed."""
     metrics = {}
-    for name in MODEL_REWARDS:
-        score = batch.get(f"{name}_score", None)
-        if score is None:
+    keys = {str(key) for key in batch.keys()}  # noqa: SIM118 (a tensordict)
+    for key in sorted(keys):
+        name = key.removesuffix("_failed")
+        if name == key:
             continue
-        failed = batch.get(f"{name}_failed").reshape(-1).bool()
-        scored = score.reshape(-1).float()[~failed]
-        metrics[f"{name}/score_mean"] = float(scored.mean()) if scored.numel() else math.nan
+        failed = batch.get(key).reshape(-1).bool()
+        if f"{name}_score" in keys:
+            scored = batch.get(f"{name}_score").reshape(-1).float()[~failed]
+            metrics[f"{name}/score_mean"] = float(scored.mean()) if scored.numel() else math.nan
         metrics[f"{name}/failures"] = float(failed.sum())
     return metrics
 

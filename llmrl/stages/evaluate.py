@@ -86,7 +86,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def answer_all(
     env: TaskEnv, policy: LLMWrapperBase, samples: int, progress: bool, what: str
 ) -> dict[str, list[tuple[bool, str]]]:
-    """Per problem id: (correct, response) of each of its ``samples`` answers."""
+    """Per problem id: (correct, response) of each of its ``samples`` answers.
+
+    A multi-turn episode (tools, an environment's turns) is played to its end: the rows that
+    are not done step again, and an answer is the episode's last reply and its verdict."""
     answers: dict[str, list[tuple[bool, str]]] = {}
     bar = tqdm(total=len(env.problems) * samples, desc=what, disable=not progress, unit="ans")
     while True:
@@ -94,13 +97,21 @@ def answer_all(
             state = env.reset()
         except StopIteration:
             break
-        transition = env.step(policy(state))
-        responses = [str(r) for r in as_list(transition["text"].response)]
-        for pid, correct, response in zip(
-            as_list(transition["prompt_id"]), transition["correct"].tolist(), responses, strict=True
-        ):
-            answers.setdefault(pid, []).append((bool(correct), response))
-        bar.update(len(responses))
+        while state.batch_size[0]:
+            transition = env.step(policy(state))
+            done = transition["done"].reshape(-1)
+            responses = [str(r) for r in as_list(transition["text"].response)]
+            for pid, correct, response, ended in zip(
+                as_list(transition["prompt_id"]),
+                transition["correct"].tolist(),
+                responses,
+                done.tolist(),
+                strict=True,
+            ):
+                if ended:
+                    answers.setdefault(pid, []).append((bool(correct), response))
+            bar.update(int(done.sum()))
+            state = transition["next"][~done]
     bar.close()
     return answers
 

@@ -67,16 +67,21 @@ class SFTResult:
 
 
 def chat_examples(problems: list[Problem], task: Task) -> list[list[dict]]:
-    """SFT chats: system (the task's answer format), user (the problem), assistant (target)."""
+    """SFT chats: system (the task's answer format), the prompt (the user's problem, or a chat
+    prompt's turns: its assistant turns are trained on too), assistant (the target)."""
     usable = [p for p in problems if p.sft_target]
     if not usable:
         raise ConfigError(
-            ["data.path: no problem has an sft_target: this dataset cannot be used for SFT"]
+            [
+                "data.path: no problem has an sft_target: this dataset cannot be used for SFT "
+                "(prepare it with a completion column, or messages ending in an assistant turn)"
+            ]
         )
+    system = {"role": "system", "content": task.instructions}
     return [
         [
-            {"role": "system", "content": task.instructions},
-            {"role": "user", "content": p.prompt},
+            *([] if p.messages and p.messages[0]["role"] == "system" else [system]),
+            *(p.messages or [{"role": "user", "content": p.prompt}]),
             {"role": "assistant", "content": p.sft_target},
         ]
         for p in usable

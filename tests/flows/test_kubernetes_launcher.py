@@ -13,6 +13,7 @@ import yaml
 from flows.launchers import (
     KubernetesLauncher,
     KubernetesSettings,
+    RayRuntimeEnv,
     StageConfigError,
     StageFailedError,
     TransientStageError,
@@ -43,10 +44,14 @@ def _settings(**changes) -> KubernetesSettings:
     return KubernetesSettings(**values)
 
 
-def _launcher(fake: FakeKubernetes, **changes) -> KubernetesLauncher:
+def _launcher(
+    fake: FakeKubernetes, runtime_env: RayRuntimeEnv | None = None, **changes
+) -> KubernetesLauncher:
     """A launcher that, like the flow-run pod, has the fake's shared claim at shared_mount_path."""
     settings = _settings(shared_mount_path=str(fake.shared_dir), **changes)
-    return KubernetesLauncher(settings, api_client=fake.api_client(), topology=TOPOLOGY)
+    return KubernetesLauncher(
+        settings, api_client=fake.api_client(), topology=TOPOLOGY, runtime_env=runtime_env
+    )
 
 
 @pytest.fixture
@@ -87,25 +92,31 @@ def test_job_stage_creates_config_and_job_watches_and_reads_the_result_file(conf
 
 
 def test_prepare_job_returns_the_dataset_directory() -> None:
+    user_code = RayRuntimeEnv(py_modules=["/shared/code/my_pkg"])
     with FakeKubernetes("success", summary_path="/shared/data/arithmetic-0a1b") as fake:
-        result = _launcher(fake).run("prepare", None, ["generate.train_size=10"], {})
+        result = _launcher(fake, user_code).run("prepare", None, ["generate.train_size=10"], {})
     assert result.summary == {"path": "/shared/data/arithmetic-0a1b"}
     (job,) = fake.created  # no config file: no config map
-    assert "--config" not in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert "--config" not in container["command"]
+    assert {"name": "PYTHONPATH", "value": "/shared/code"} in container["env"]  # the user's code
 
 
 def test_rayjob_stage_runs_to_success_and_reads_the_result_file() -> None:
     summary = {"step": 2, "final_checkpoint": "/shared/sft/model", "train_loss": 1.5}
+    user_code = RayRuntimeEnv(py_modules=["/shared/code/my_pkg"], env_vars={"MY_API": "x"})
     with FakeKubernetes("success", summary=summary) as fake:
-        result = _launcher(fake).run("sft", None, ["steps=2"], {}, name="sft")
+        result = _launcher(fake, user_code).run("sft", None, ["steps=2"], {}, name="sft")
     # The entrypoint (on the trainer pod, which mounts the claim) wrote the file it was given in
     # the job's runtime env.
     assert result.summary == summary
     (rayjob,) = fake.created
     assert rayjob["kind"] == "RayJob"
     assert rayjob["spec"]["entrypoint"] == "llmrl sft --no-progress --set steps=2"
-    env_vars = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    env_vars = runtime_env["env_vars"]
     assert env_vars["LLMRL_RESULT_FILE"].startswith(f"{fake.shared_dir}/stage-results/")
+    assert env_vars["MY_API"] == "x" and runtime_env["py_modules"] == ["/shared/code/my_pkg"]
     paths = [path for _, path in fake.requests]
     assert "/apis/ray.io/v1/namespaces/llmrl/rayjobs" in paths
 
@@ -281,6 +292,17 @@ def test_without_a_shared_volume_the_launcher_refuses_before_creating_anything(t
             launcher.run("eval", None, [], {})
         assert f"cannot create {in_the_way}/stage-results" in str(caught.value)
         assert "claim llmrl-shared is mounted" in str(caught.value)
+        assert fake.created == []
+
+
+def test_user_env_vars_that_clash_with_llmrls_are_refused_before_creating_anything() -> None:
+    user_code = RayRuntimeEnv(env_vars={"MLFLOW_PARENT_RUN_ID": "mine"})
+    with FakeKubernetes("success") as fake:
+        for stage in ("grpo", "eval"):
+            with pytest.raises(StageConfigError) as caught:
+                _launcher(fake, user_code).run(stage, None, [], {"MLFLOW_PARENT_RUN_ID": "p1"})
+            assert caught.value.stage == stage
+            assert "runtime_env.env_vars: MLFLOW_PARENT_RUN_ID is set by llmrl" in str(caught.value)
         assert fake.created == []
 
 

@@ -29,6 +29,8 @@ from flows.launchers.manifests import (
     resource_name,
     topology_override,
 )
+from flows.launchers.runtime_env import USER_PACKAGES_DIR, USER_SITE_PACKAGES, RayRuntimeEnv
+from flows.launchers.settings import RolePods
 from llmrl.config import load_config
 from llmrl.config.grpo import GRPOConfig
 from llmrl.topology import (
@@ -268,6 +270,105 @@ def test_placed_model_roles_get_worker_groups_of_their_own() -> None:
     assert [g["groupName"] for g in sft["spec"]["rayClusterSpec"]["workerGroupSpecs"]] == [
         "trainer"
     ]
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_rayjob_carries_the_users_runtime_env(stage: str, tmp_path: Path) -> None:
+    """The pipeline's runtime_env goes into runtimeEnvYAML beside llmrl's env_vars, in a form
+    Ray's own parser takes (what the submitter's `ray job submit` runs), and the submitter,
+    which uploads the local folder, mounts the shared claim."""
+    package = tmp_path / "code" / "my_pkg"
+    package.mkdir(parents=True)
+    runtime_env = RayRuntimeEnv(
+        pip=["my-rewards==1.2"],
+        py_modules=[str(package), "s3://bucket/extra.zip"],
+        env_vars={"MY_API": "http://svc"},
+    )
+    name = resource_name(stage)
+    rayjob = build_rayjob_manifest(
+        stage, name, SETTINGS, TOPOLOGIES["split"], env=ENV, config_map=name,
+        runtime_env=runtime_env,
+    )  # fmt: skip
+    carried = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert carried == {
+        "pip": ["my-rewards==1.2"],
+        "py_modules": [str(package), "s3://bucket/extra.zip"],
+        "env_vars": {**SETTINGS.env, **ENV, "MY_API": "http://svc"},
+    }
+    runtime_env_class = pytest.importorskip("ray.runtime_env").RuntimeEnv
+    assert runtime_env_class(**carried)["py_modules"] == carried["py_modules"]
+    submitter = _pod_templates(rayjob)["submitter"]["spec"]
+    assert {m["mountPath"] for m in submitter["containers"][0]["volumeMounts"]} == {"/shared"}
+    for template in _pod_templates(rayjob).values():
+        _valid({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
+                "template": template})  # fmt: skip
+    if MISSING_CRDS:
+        pytest.skip(MISSING_CRDS)
+    for version in KUBERAY_TESTED_VERSIONS:
+        errors = validate_custom_object(rayjob, version)
+        assert errors == [], f"KubeRay {version}: " + "; ".join(map(str, errors))
+
+
+def test_rayjob_without_local_paths_keeps_the_submitter_off_the_claim() -> None:
+    runtime_env = RayRuntimeEnv(py_modules=["local:///opt/code/my_pkg", "gs://b/pkg.whl"])
+    rayjob = build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", SETTINGS, TOPOLOGIES["cpu"],
+                                   runtime_env=runtime_env)  # fmt: skip
+    assert yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"]) == {
+        "py_modules": runtime_env.py_modules,
+        "env_vars": SETTINGS.env,
+    }
+    assert "volumeMounts" not in _pod_templates(rayjob)["submitter"]["spec"]["containers"][0]
+
+
+def test_job_installs_the_users_pip_packages_and_imports_its_folders() -> None:
+    runtime_env = RayRuntimeEnv(
+        pip={"packages": ["my-rewards==1.2"], "pip_install_options": ["--index-url", "https://pi"]},
+        py_modules=["/shared/code/my_pkg"],
+        env_vars={"MY_API": "http://svc"},
+    )
+    name = resource_name("prepare")
+    job = build_job_manifest("prepare", name, SETTINGS, env=ENV, config_map=name,
+                             runtime_env=runtime_env)  # fmt: skip
+    _valid(job)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (init,) = pod["initContainers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {
+        **SETTINGS.env,
+        **ENV,
+        "MY_API": "http://svc",
+        "PYTHONPATH": f"{USER_SITE_PACKAGES}:/shared/code",
+    }
+    assert init["command"][:2] == ["sh", "-c"]
+    assert "--index-url https://pi my-rewards==1.2" in init["command"][2]
+    assert init["image"] == container["image"] and init["env"] == container["env"]
+    assert init["securityContext"] == container["securityContext"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {USER_PACKAGES_DIR, "/shared", "/etc/llmrl"} <= mounts
+    assert init["volumeMounts"] == container["volumeMounts"]
+    assert {"name": "user-packages", "emptyDir": {}} in pod["volumes"]
+    folders_only = build_job_manifest(
+        "eval", name, SETTINGS, runtime_env=RayRuntimeEnv(working_dir="/shared/project")
+    )
+    pod = folders_only["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert {"name": "PYTHONPATH", "value": "/shared/project"} in pod["containers"][0]["env"]
+
+
+def test_the_users_env_vars_never_override_llmrls() -> None:
+    settings = SETTINGS.model_copy(
+        update={"roles": {"env-workers": RolePods(env=[{"name": "SANDBOX", "value": "bwrap"}])}}
+    )
+    clashes = {"MLFLOW_PARENT_RUN_ID": "x", "HF_HUB_OFFLINE": "0", "SANDBOX": "none"}
+    for variable, value in clashes.items():
+        runtime_env = RayRuntimeEnv(env_vars={variable: value})
+        with pytest.raises(ValueError, match=rf"runtime_env\.env_vars: {variable} is set by"):
+            build_rayjob_manifest("grpo", "llmrl-grpo-0a1b2c", settings, TOPOLOGIES["cpu"],
+                                  env=ENV, runtime_env=runtime_env)  # fmt: skip
+    runtime_env = RayRuntimeEnv(env_vars={"MLFLOW_PARENT_RUN_ID": "x"})
+    with pytest.raises(ValueError, match=r"runtime_env\.env_vars: MLFLOW_PARENT_RUN_ID is set"):
+        build_job_manifest("eval", "llmrl-eval-0a1b2c", settings, env=ENV, runtime_env=runtime_env)
 
 
 def test_an_invalid_manifest_is_caught_by_the_schemas() -> None:

@@ -37,19 +37,31 @@ the parser at most this much (linear) work."""
 class Score:
     """The reward of one response, plus what the parser saw (for logs and metrics).
 
-    ``correct``: the answer is right. ``formatted``: the response used the required final-answer
-    format. ``parsed``: what was extracted from the response, ``None`` when nothing was.
+    ``correct``: the answer is right (accuracy). ``formatted``: the response used the required
+    final-answer format. ``parsed``: what was extracted from the response, ``None`` when nothing
+    was. A user's reward function may return a ``Score`` or a plain number.
     """
 
     reward: float
     correct: bool
-    formatted: bool
-    parsed: str | None
+    formatted: bool = True
+    parsed: str | None = None
 
 
 @runtime_checkable
 class Task(Protocol):
-    """What the env layer needs from a task: a name, the answer-format instructions, a scorer."""
+    """What the env layer needs from a task: a name, the answer-format instructions, a scorer.
+
+    ``score(response, answer, **fields)`` returns a :class:`Score` or a number; it gets, as
+    keyword arguments, the fields of the row (``Problem.fields``: every extra column of the
+    user's dataset) that its signature names (all of them when it takes ``**fields``). Optional
+    hooks, found by name: ``generate(count, seed, split) -> list[Problem]`` (a generated task:
+    ``llmrl prepare`` calls it when no source is given), ``score_group(responses, answer,
+    **fields)`` (all replies of a GRPO group in one call), ``env_options() -> dict``
+    (``transforms``, ``max_turns``, ``system_prompt``, ``reward``: multi-turn environments, see
+    :class:`~llmrl.envs.task_env.TaskEnv`) and ``close()``. A task must pickle: env workers
+    receive it.
+    """
 
     name: str
     instructions: str

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrl.core.config_loading import ConfigError
+from llmrl.core.user_code import UserCodeError
 from llmrl.data.dataset_error import DatasetError
 from llmrl.data.prepared_folder import read_manifest
 from llmrl.envs.tasks import Task, make_task
@@ -26,7 +27,16 @@ def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
         )
     manifest = read_manifest(path)
     generated = manifest.get("generated") or {}
+    options = {**generated.get("options", {}), **manifest.get("task_options", {})}
     try:
-        return make_task(manifest.get("task"), **generated.get("options", {})), manifest
+        return make_task(manifest.get("task"), **options), manifest
+    except UserCodeError as error:  # the user's package is not installed where this runs
+        raise ConfigError(
+            [
+                f"data.path: {path} was prepared for task {manifest.get('task')!r}, which this "
+                f"process cannot load: {error} (install the package, or ship it with the "
+                "RayJob's runtime_env: docs/own-task.md)"
+            ]
+        ) from None
     except (TypeError, ValueError) as error:
         raise DatasetError(f"names no usable task ({error})", file=manifest_path) from None

@@ -1,11 +1,13 @@
 """`DataLoadingPrimer`: feeds ``ChatEnv.reset()`` with batches of dataset rows.
 
-Rows are anything with ``id``, ``prompt`` and ``answer`` (a task ``Problem`` or a dict). Each
+Rows are anything with ``id``, ``prompt`` and ``answer`` (a task ``Problem`` or a dict), and
+optionally ``fields`` (the user's columns, a dict: the ``fields`` column of the batch, which
+rewards read) and ``messages`` (a chat prompt: the conversation starts from it). Each
 reset takes the next ``batch_size`` rows of a shuffled pass over the dataset (a new order every
 epoch, reproducible from ``seed``) and repeats each row ``repeats`` times in a row, so GRPO
 groups form: the G copies of a prompt share its ``prompt_id`` and a ``group_id`` unique to that
-draw, and ``sample_index`` counts 0..G-1 within the group. The reference ``answer`` and the row's
-id travel with every copy through the episode.
+draw, and ``sample_index`` counts 0..G-1 within the group. The reference ``answer``, the row's
+``fields`` and its id travel with every copy through the episode.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
+from llmrl.data import ChatHistory, History
 from llmrl.envs.transforms.base import EnvTransform
 
 
@@ -46,6 +49,7 @@ class DataLoadingPrimer(EnvTransform):
         if not rows:
             raise ValueError("DataLoadingPrimer needs at least one row")
         self.rows = [_as_row(row, index) for index, row in enumerate(rows)]
+        self.chat_prompts = any(row["messages"] is not None for row in self.rows)
         self.batch_size = batch_size
         self.repeats = repeats
         self.shuffle = shuffle
@@ -81,16 +85,24 @@ class DataLoadingPrimer(EnvTransform):
         groups = self.group_id_start + drawn * self.group_id_step
         self._next_group += len(picked)
         repeated = [row for row in picked for _ in range(self.repeats)]
-        return TensorDict(
+        batch = TensorDict(
             {
                 "query": NonTensorStack(*(row["prompt"] for row in repeated)),
                 "answer": NonTensorStack(*(row["answer"] for row in repeated)),
+                "fields": NonTensorStack(*(row["fields"] for row in repeated)),
                 "prompt_id": NonTensorStack(*(row["id"] for row in repeated)),
                 "group_id": groups.repeat_interleave(self.repeats),
                 "sample_index": torch.arange(self.repeats).repeat(len(picked)),
             },
             batch_size=[len(repeated)],
         )
+        if self.chat_prompts:  # rows with a chat prompt start from it (ChatEnv.reset)
+            chats = [
+                row["messages"] or [{"role": "user", "content": row["prompt"]}] for row in repeated
+            ]
+            prompt = History.from_chats(chats)
+            batch.set("history", ChatHistory(prompt=prompt, batch_size=[len(repeated)]))
+        return batch
 
     def state_dict(self) -> dict[str, int]:
         """Where the primer is in the dataset, for checkpoints."""
@@ -110,10 +122,17 @@ class DataLoadingPrimer(EnvTransform):
         )
 
 
-def _as_row(row: Any, index: int) -> dict[str, str]:
+def _as_row(row: Any, index: int) -> dict[str, Any]:
     get = row.get if isinstance(row, dict) else lambda name: getattr(row, name, None)
-    values = {name: get(name) for name in ("id", "prompt", "answer")}
+    values: dict[str, Any] = {name: get(name) for name in ("id", "prompt", "answer")}
     missing = [name for name, value in values.items() if not isinstance(value, str)]
     if missing:
         raise ValueError(f"dataset row {index}: field(s) {missing} missing or not strings")
-    return values
+    fields, messages = get("fields") or {}, get("messages")
+    if not isinstance(fields, dict):
+        raise ValueError(f"dataset row {index}: 'fields' must be a dict, got {type(fields)}")
+    if messages is not None and not (
+        isinstance(messages, list) and all(isinstance(m, dict) for m in messages) and messages
+    ):
+        raise ValueError(f"dataset row {index}: 'messages' must be a non-empty list of dicts")
+    return {**values, "fields": fields, "messages": messages}
