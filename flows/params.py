@@ -164,7 +164,10 @@ class PipelineParams(BaseModel):
         """The task in names and tags: the prepare config's (or the given dataset's) task."""
         if "prepare" in self.start_from:  # a prepared folder is named <task>-<digest>
             return Path(self.start_from["prepare"]).name.rsplit("-", 1)[0] or "data"
-        return str(self.setting("prepare", "task") or "task")
+        if self.setting("prepare", "reward") is not None:  # the user's reward functions
+            return "reward-functions"
+        task = str(self.setting("prepare", "task") or "task")
+        return task.rsplit(":", 1)[-1].rsplit(".", 1)[-1]  # an import path: the class's name
 
     def run_tags(self) -> list[str]:
         """The tags of this pipeline's flow run and task runs."""
