@@ -682,7 +682,7 @@ def test_the_makefile_installs_with_constraints_txt():
 
 # Broken copies of the Makefile: (text to replace, replacement).
 MAKEFILE_BREAKS = [
-    ('-c constraints.txt -e ".[local,k8s,dev]"', '-e ".[local,k8s,dev]"'),
+    ('-c constraints.txt -e ".[local,k8s,dev,ecosystem]"', '-e ".[local,k8s,dev,ecosystem]"'),
     ("-c constraints-stage.txt \\\n", "-c constraints.txt \\\n"),
     ("-c constraints-stage.txt \\\n", "-c constraints-stage.txt -c constraints.txt \\\n"),
     ("-c constraints-stage.txt --no-deps", "-c constraints.txt --no-deps"),

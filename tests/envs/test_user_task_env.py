@@ -3,12 +3,15 @@ starts the conversation, a failing function flags its rows, and the step's metri
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from llmrl.data.problem import Problem
 from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks import make_task
 from llmrl.runtime.grpo_step import model_reward_metrics
+from tests.support.own_task_grpo import grpo_step, prepared
 from tests.support.scripted import ScriptedPolicy
 
 PATH = "tests.support.user_rewards"
@@ -64,3 +67,21 @@ def test_a_builtin_task_keeps_its_columns_and_counts_no_failures():
     out = env.step(ScriptedPolicy(["#### 5", "#### 4"])(env.reset()))
     assert out["reward"].tolist() == [1.0, torch.tensor(0.1).item()]  # float32
     assert model_reward_metrics(out) == {"task/failures": 0.0}
+
+
+def test_grpo_trains_a_step_with_the_users_functions(tmp_path, tiny_model_dir):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(f'{{"prompt": "Say {n}.", "answer": "{n}", "unit": "m"}}\n' for n in range(12))
+    )
+    data = prepared(
+        tmp_path / "data",
+        reward=[f"{PATH}:exact", {"function": f"{PATH}:shortest", "weight": 0.5}],
+        source=str(rows),
+        split={"eval_fraction": 0.0},
+    )
+    _batch, metrics = grpo_step(data, tiny_model_dir)
+    assert metrics["task/failures"] == 0.0 and metrics["trained_groups"] == 2
+    # the group form gives each group of 2 replies 1 and 0, or 1 and 1 when they are as long
+    assert 0.5 <= metrics["shortest/score_mean"] <= 1.0
+    assert metrics["exact/failures"] == 0.0 and math.isfinite(metrics["loss"])

@@ -161,7 +161,7 @@ DATA_ROWS: list[Row] = [
     Row("prepared-manifest-unknown-task",
         {"data": PREPARED, "data/manifest.json": manifest_of_unknown_task},
         stage("eval"),
-        ("data/manifest.json: names no usable task (unknown task 'chess'; known tasks:",)),
+        ("data/manifest.json: names no usable task (task: 'chess' is neither an import path",)),
     Row("prepared-file-changed", {"data": PREPARED, "data/eval.jsonl": "{}\n"}, stage("eval"),
         ("data/eval.jsonl: sha256 differs from manifest.json: the file changed after it was "
          "prepared",)),

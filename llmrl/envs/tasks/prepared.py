@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrl.core.config_loading import ConfigError
-from llmrl.core.user_code import UserCodeError
+from llmrl.core.user_code import UserCodeError, is_import_path
 from llmrl.data.dataset_error import DatasetError
 from llmrl.data.prepared_folder import read_manifest
 from llmrl.envs.tasks import Task, make_task
@@ -30,7 +30,11 @@ def prepared_task(path: str | Path) -> tuple[Task, dict[str, Any]]:
     options = {**generated.get("options", {}), **manifest.get("task_options", {})}
     try:
         return make_task(manifest.get("task"), **options), manifest
-    except UserCodeError as error:  # the user's package is not installed where this runs
+    except UserCodeError as error:
+        if not is_import_path(str(manifest.get("task"))) and "task_options" not in manifest:
+            # an unknown name: a manifest from elsewhere, or a package's entry point missing
+            raise DatasetError(f"names no usable task ({error})", file=manifest_path) from None
+        # the user's package is not installed where this runs
         raise ConfigError(
             [
                 f"data.path: {path} was prepared for task {manifest.get('task')!r}, which this "

@@ -18,9 +18,6 @@ import threading
 import pytest
 import torch
 
-if importlib.util.find_spec("openenv") is None:  # (importing it here would cost seconds)
-    pytest.skip("the OpenEnv extra is not installed", allow_module_level=True)
-
 from llmrl.core.user_code import UserCodeError
 from llmrl.data.non_tensor import as_list
 from llmrl.envs import ChatEnv
@@ -28,6 +25,7 @@ from llmrl.envs.ecosystem.openenv_env import OpenEnvReward, OpenEnvStep, OpenEnv
 from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.transforms.data_loading_primer import DataLoadingPrimer
 from tests.support.openenv_server import NO_GRADIO, secret_number
+from tests.support.own_task_grpo import grpo_step, prepared
 from tests.support.paths import REPO
 from tests.support.scripted import ScriptedPolicy
 from tests.support.service_process import ServiceProcess, free_port
@@ -337,3 +335,15 @@ def env_in_worker(task: OpenEnvTask):
     assert transition["openenv_session"].dtype == torch.long
     env.close()
     return transition
+
+
+def test_grpo_trains_a_step_on_the_server(server, tmp_path, tiny_model_dir):
+    data = prepared(
+        tmp_path,
+        task="openenv",
+        task_options={"base_url": server.url, "max_turns": 2},
+        generate={"train_size": 4, "eval_size": 2},
+    )
+    _batch, metrics = grpo_step(data, tiny_model_dir)
+    assert metrics["task/failures"] == 0.0 and metrics["trained_groups"] == 2
+    assert 0.0 <= metrics["reward_mean"] <= 1.0  # a guess's return: 1 when right, else 0

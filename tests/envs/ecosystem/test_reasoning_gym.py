@@ -3,8 +3,8 @@ by hand on answers whose score is known), through ``ChatEnv`` with a scripted po
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import math
 import pickle
 
 import pytest
@@ -19,11 +19,8 @@ from llmrl.envs.ecosystem.reasoning_gym import (
 from llmrl.envs.tasks import make_task
 from llmrl.envs.transforms.data_loading_primer import DataLoadingPrimer
 from llmrl.envs.transforms.task_reward import TaskReward
+from tests.support.own_task_grpo import grpo_step, prepared
 from tests.support.scripted import ScriptedPolicy
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("reasoning_gym") is None, reason="the ecosystem extra is not installed"
-)
 
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
@@ -153,3 +150,15 @@ def test_an_episode_through_chat_env_with_the_task_reward(task):
     assert transition["done"].all()
     system = transition["history"].prompt[0][0]
     assert system.role == "system" and "<answer>" in system.content
+
+
+def test_grpo_trains_a_step_on_a_prepared_dataset(tmp_path, tiny_model_dir):
+    data = prepared(
+        tmp_path,
+        task="reasoning-gym",
+        task_options={"dataset": "basic_arithmetic", "config": SMALL},
+        generate={"train_size": 8, "eval_size": 4},
+    )
+    batch, metrics = grpo_step(data, tiny_model_dir)
+    assert batch["reward"].numel() == 4 and metrics["task/failures"] == 0.0
+    assert math.isfinite(metrics["reward_mean"]) and metrics["trained_groups"] == 2

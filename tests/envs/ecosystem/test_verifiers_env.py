@@ -5,7 +5,6 @@ scripted policy."""
 
 from __future__ import annotations
 
-import importlib.util
 import pickle
 import signal
 
@@ -19,12 +18,9 @@ from llmrl.envs.ecosystem.verifiers_turns import EPISODE_KEY
 from llmrl.envs.tasks import make_task
 from llmrl.envs.transforms.data_loading_primer import DataLoadingPrimer
 from llmrl.envs.transforms.task_reward import TaskReward
+from tests.support.own_task_grpo import grpo_step, prepared
 from tests.support.paths import REPO
 from tests.support.scripted import ScriptedPolicy
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("verifiers") is None, reason="the ecosystem extra is not installed"
-)
 
 ENV = "tests.support.verifiers_tiny_env"
 
@@ -232,3 +228,17 @@ def test_reward_columns_are_the_same_on_every_step():
     transition = env.step(ScriptedPolicy(["<answer>0</answer>"])(env.reset()))
     assert transition["task_failed"].dtype == torch.bool
     assert {"solved_score", "speed_score", "solved_failed"} <= set(transition.keys())
+
+
+def test_grpo_trains_a_step_on_a_multi_turn_environment(tmp_path, tiny_model_dir):
+    data = prepared(
+        tmp_path,
+        task="verifiers",
+        task_options={"env_id": ENV, "env_args": {"kind": "guess"}},
+        generate={"train_size": 4, "eval_size": 2},
+    )
+    _batch, metrics = grpo_step(data, tiny_model_dir)
+    assert metrics["task/failures"] == 0.0 and metrics["trained_groups"] == 2
+    assert metrics["solved/failures"] == 0.0 and metrics["speed/failures"] == 0.0
+    # every episode takes 1 to 3 replies, so speed's raw score 1/replies is in [1/3, 1]
+    assert 1 / 3 - 1e-6 <= metrics["speed/score_mean"] <= 1 + 1e-6
