@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from llmrl.config.evaluate import EvalConfig
+from llmrl.config.model_signals import RewardSettings
 from llmrl.core.atomic_files import write_text_atomic
 from llmrl.core.config_loading import ConfigError
 from llmrl.data.non_tensor import as_list
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+
+USER_TASK_TIMEOUT_S = RewardSettings().task_timeout_s
+"""Seconds one score call of a task class from the user's code may take (GRPO's default); past
+it the answer counts as wrong."""
 
 
 @dataclass
@@ -130,7 +135,16 @@ def evaluate(config: EvalConfig) -> EvalReport:
     logger.info("Evaluating %s on %d %s problems", config.model.spec, len(problems), task.name)
 
     def env(repeats: int) -> TaskEnv:
-        return TaskEnv(task, problems, config.batch_size, repeats, shuffle=False, epochs=1)
+        # a task class from the user's code: each score call bounded as in GRPO's env workers
+        return TaskEnv(
+            task,
+            problems,
+            config.batch_size,
+            repeats,
+            shuffle=False,
+            epochs=1,
+            timeout_s=USER_TASK_TIMEOUT_S,
+        )
 
     greedy = make_policy({"max_new_tokens": config.max_new_tokens, "do_sample": False})
     with torch.no_grad():

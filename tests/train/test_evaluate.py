@@ -285,3 +285,29 @@ def test_evaluate_the_tiny_model_for_real(arithmetic_data, tiny_model_dir):
     rows = [json.loads(line) for line in Path("eval/results.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(row["sampled_correct"] in (0, 1, 2) for row in rows)
     assert all(isinstance(row["response"], str) for row in rows)
+
+
+class GuessingPolicy(ScriptedPolicy):
+    """Guesses 1 on every turn of the verifiers guessing game (tests/support/verifiers_tiny_env)."""
+
+    def reply(self, question: str, sample: int) -> str:
+        return "<answer>1</answer>"
+
+
+def test_multi_turn_episodes_are_played_to_their_end():
+    from llmrl.envs.task_env import TaskEnv
+    from llmrl.envs.tasks import make_task
+
+    task = make_task(
+        "verifiers", env_id="tests.support.verifiers_tiny_env", env_args={"kind": "guess"}
+    )
+    problems = task.generate(6, seed=0, split="train")  # secrets n % 8 + 1: 1 among them
+    env = TaskEnv(task, problems, batch_size=6, shuffle=False, epochs=1)
+    policy = GuessingPolicy(greedy=True)
+    answers = evaluate_module.answer_all(env, policy, 1, False, "eval")
+    # one answer per problem: its episode's last reply, right only where the secret is 1
+    assert sorted(answers) == sorted(p.id for p in problems)
+    right = {p.id for p in problems if p.answer == "1"}
+    assert right and right != set(answers)
+    assert {pid for pid, [(correct, _)] in answers.items() if correct} == right
+    assert policy.calls == 3  # the wrong guessers play all 3 turns (max_turns), then stop
