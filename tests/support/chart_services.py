@@ -130,6 +130,10 @@ def container_command(
     return argv, env, port, probe["path"]
 
 
+WORKER_HEALTHCHECK_S = 60
+"""Seconds uvicorn's supervisor waits for a worker's health answer here (its default: 5)."""
+
+
 def chart_service(
     item: dict[str, Any],
     *,
@@ -141,6 +145,12 @@ def chart_service(
     ``root/<name>.log``, healthy when its readiness probe answers on 127.0.0.1."""
     argv, env, port, path = container_command(item, secrets=secrets, volumes=volumes)
     name = item["metadata"]["name"]
+    # MLflow's server runs uvicorn with several workers (the chart's --workers), each importing
+    # MLflow (3-4 s of CPU alone). uvicorn's supervisor kills a worker that has not answered its
+    # health check within 5 s and starts another: on 2 cores beside the slow tier's other
+    # modules that looped until the start deadline (seen once, 2026-12-07). A pod has its own
+    # CPUs; here the check waits as long as a loaded machine needs to import it.
+    env = {**env, "UVICORN_TIMEOUT_WORKER_HEALTHCHECK": str(WORKER_HEALTHCHECK_S)}
     return ServiceProcess(
         argv, env, port=port, health_url=f"http://127.0.0.1:{port}{path}",
         log_path=root / f"{name}.log", cwd=root, name=name,
