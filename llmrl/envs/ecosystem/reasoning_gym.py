@@ -16,8 +16,9 @@ oracle answer (``""`` for the few datasets that have none and verify the reply i
 and non-string dict keys are tagged so the scorer gets them back exactly) and where the entry
 came from (``source``: seed, size, index), from which the entry is rebuilt exactly when its
 metadata holds a value JSON cannot carry. Train and eval never share a question: a question
-belongs to one split by a hash of its text (half the generated entries go to each split), and
-each split reads its own seeded stream, deduplicated.
+belongs to one split by a hash of its text, as every generated task's
+(:func:`~llmrl.envs.tasks.base.sample_split`), and each split reads its own seeded stream,
+deduplicated.
 
 Scoring (:meth:`ReasoningGymTask.score`): the final answer is the text of the reply's last
 ``<answer>...</answer>`` (reasoning-gym's own convention; the system prompt says so); a reply
@@ -37,21 +38,25 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import itertools
 import math
 import re
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from llmrl.data.problem import Problem
-from llmrl.envs.tasks.base import ANSWER_WINDOW_CHARS, Score, check_format_reward
+from llmrl.envs.tasks.base import (
+    ANSWER_WINDOW_CHARS,
+    Score,
+    check_format_reward,
+    sample_split,
+)
 
 INSTALL = "pip install 'llmrl[ecosystem]'"
 SPLITS = ("train", "eval")
 CHUNK_MIN = 64
 """Entries per generated chunk, at least (a chunk is one reasoning-gym dataset of that size)."""
-MAX_MISSES = 5_000
-"""Entries in a row that went to the other split or repeated a question before generation gives
-up: the dataset's config allows too few distinct questions for the size asked."""
 
 _ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 _TAGS = ("__tuple__", "__set__", "__items__", "__float__")
@@ -147,36 +152,28 @@ class ReasoningGymTask:
         from ``seed``; the two splits never share a question."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"count must be a non-negative int, got {count!r}")
         stream = _stable_int(f"{self.dataset}-{seed}-{split}")
-        size = max(CHUNK_MIN, 2 * count)
-        problems: list[Problem] = []
-        seen: set[str] = set()
-        misses = chunk = 0
-        while len(problems) < count:
+        entries = self._entries(stream, size=max(CHUNK_MIN, 2 * count))
+        picked = sample_split(
+            count,
+            seed,
+            split,
+            lambda _rng: next(entries),  # reasoning-gym's own seeded stream, not the rng
+            key=lambda item: str(item[0]["question"]),
+            what=f"reasoning-gym {self.dataset!r}",
+        )
+        return [
+            self._problem(entry, split, seed, number, source)
+            for number, (entry, source) in enumerate(picked)
+        ]
+
+    def _entries(self, stream: int, size: int) -> Iterator[tuple[dict[str, Any], dict[str, int]]]:
+        """Entries of the chunks of ``stream`` (datasets of ``size``), each with its source."""
+        for chunk in itertools.count():
             chunk_seed = (stream + 7919 * chunk) % 2**32
             data = self._create(seed=chunk_seed, size=size)
             for index in range(size):
-                entry = data[index]
-                question = str(entry["question"])
-                if question in seen or split_of(question) != split:
-                    misses += 1
-                    if misses > MAX_MISSES:
-                        raise ValueError(
-                            f"reasoning-gym {self.dataset!r}: only {len(problems)} distinct "
-                            f"{split} problems found (asked for {count}); widen its config "
-                            f"{self.config} or ask for fewer"
-                        )
-                    continue
-                misses = 0
-                seen.add(question)
-                source = {"seed": chunk_seed, "size": size, "index": index}
-                problems.append(self._problem(entry, split, seed, len(problems), source))
-                if len(problems) == count:
-                    break
-            chunk += 1
-        return problems
+                yield data[index], {"seed": chunk_seed, "size": size, "index": index}
 
     def _problem(
         self, entry: dict[str, Any], split: str, seed: int, number: int, source: dict[str, int]
@@ -276,16 +273,6 @@ class ReasoningGymTask:
 
     def __repr__(self) -> str:
         return f"ReasoningGymTask({self.dataset!r}, config={self.config})"
-
-
-def split_of(question: str) -> str:
-    """``train`` or ``eval``, from a stable hash of the question (half each).
-
-    Example:
-        >>> split_of("What is 2 + 2?") == split_of("What is 2 + 2?")
-        True
-    """
-    return SPLITS[hashlib.sha256(question.encode("utf-8")).digest()[0] & 1]
 
 
 def _stable_int(text: str) -> int:
