@@ -84,3 +84,10 @@ class BrokenTask(UnitTask):
 
     def score(self, response: str, answer: str, **fields: object) -> Score:
         raise ZeroDivisionError("bug in the user's task")
+
+
+class PairTask(UnitTask):
+    """A task class with a group form: within a group, 1 for a reply that repeats another."""
+
+    def score_group(self, responses: list[str], answer: str, unit: str) -> list[float]:
+        return [float(responses.count(r) > 1) for r in responses]

@@ -119,7 +119,7 @@ class RewardFunction:
             )
         if self.form == "group":
             outcomes: list[Outcome | None] = [None] * len(replies)
-            for members in _groups(groups).values():
+            for members in group_members(groups).values():
                 found = self.guard.many(
                     self.function,
                     len(members),
@@ -204,7 +204,8 @@ def _names(rows: Sequence[dict[str, Any]]) -> list[str]:
     return list(names)
 
 
-def _groups(groups: Sequence[int]) -> dict[int, list[int]]:
+def group_members(groups: Sequence[int]) -> dict[int, list[int]]:
+    """The row indices of each GRPO group, in order, by group id."""
     members: dict[int, list[int]] = {}
     for index, group in enumerate(groups):
         members.setdefault(int(group), []).append(index)

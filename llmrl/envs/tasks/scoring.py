@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llmrl.envs.tasks.reward_function import RowScore, accepted_fields, pick
+from llmrl.envs.tasks.reward_function import RowScore, accepted_fields, group_members, pick
 from llmrl.envs.tasks.user_calls import GuardedCall
 
 
@@ -50,10 +50,7 @@ class TaskScorer:
             return own(replies, rows, groups)
         if self._group is not None:
             outcomes: list[Any] = [None] * len(replies)
-            members: dict[int, list[int]] = {}
-            for index, group in enumerate(groups):
-                members.setdefault(int(group), []).append(index)
-            for indices in members.values():
+            for indices in group_members(groups).values():
                 row = rows[indices[0]]
                 found = self.guard.many(
                     self._group,

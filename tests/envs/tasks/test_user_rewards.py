@@ -169,3 +169,13 @@ def test_an_installed_entry_point_names_a_task(tmp_path, monkeypatch):
 def test_a_plain_score_result_counts_as_correct_at_the_threshold():
     task = RewardFunctionTask([RewardFunction(lambda response: 0.5, name="half", correct_at=0.5)])
     assert task.score("x", "") == Score(0.5, correct=True)
+
+
+def test_a_task_class_with_score_group_scores_each_group_at_once():
+    task = make_task(f"{PATH}:PairTask")
+    # groups {0: "a", "a", "b"} and {1: "c", "d"}: only the repeated "a"s score
+    scores = TaskScorer(task).score_rows(
+        ["a", "a", "b", "c", "d"], [ROWS[0]] * 3 + [ROWS[2]] * 2, [0, 0, 0, 1, 1]
+    )
+    assert [s.score.reward for s in scores] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert not any(s.failed for s in scores)
