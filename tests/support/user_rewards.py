@@ -10,6 +10,8 @@ from llmrl.envs.tasks import Score, batch_reward, group_reward
 
 HANG_S = 5.0
 """How long the hanging functions sleep: far past the tests' timeouts."""
+REMOTE_S = 0.5
+"""How long :func:`remote`'s service call takes."""
 
 
 def exact(response: str, answer: str, unit: str) -> Score:
@@ -56,7 +58,7 @@ def short_list(responses: list[str]) -> list[float]:
 
 async def remote(response: str, answer: str) -> float:
     """A service call: waits a little, then scores."""
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(REMOTE_S)
     return float(response.strip() == answer)
 
 

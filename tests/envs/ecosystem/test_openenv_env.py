@@ -31,6 +31,8 @@ from tests.support.scripted import ScriptedPolicy
 from tests.support.service_process import ServiceProcess, free_port
 
 APP = "tests.support.openenv_server:app"
+SLOW_CALL_S = 5.0
+"""The per-call deadline of the slow-server test."""
 LOGGER = "llmrl.envs.ecosystem.openenv_sessions"
 CLIENT_MODULE = "openenv.core.generic_client"
 
@@ -249,9 +251,13 @@ def test_copies_of_a_group_start_from_the_same_state(server, caplog):
 
 
 def test_a_slow_or_failing_server_gives_the_fallback_and_flags_the_row(server, caplog):
-    task = OpenEnvTask(base_url=server.url, max_turns=2, timeout_s=0.5, fallback_reward=-1.0)
+    # the deadline must hold every healthy call of a loaded 2-core machine (a 0.5 s one timed
+    # out a reset's handshake beside the fast tier, 2026-12-07); the slow reply sleeps 3x past it
+    task = OpenEnvTask(
+        base_url=server.url, max_turns=2, timeout_s=SLOW_CALL_S, fallback_reward=-1.0
+    )
     env = chat_env(task, rows=1, copies=4)
-    replies = {0: "sleep 1.5", 1: "boom", 2: "hmm", 3: None}
+    replies = {0: f"sleep {3 * SLOW_CALL_S}", 1: "boom", 2: "hmm", 3: None}
     policy = Guesser(lambda secret, copy, turn: replies[copy] or str(secret))
     with caplog.at_level("WARNING", logger=LOGGER):
         transition = env.step(policy(env.reset()))
