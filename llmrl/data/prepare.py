@@ -261,7 +261,7 @@ def _write_user_task(
         task_slug(config.task), config.columns, config.prompt_template, config.max_row_chars
     )
     return _copy_sources(
-        config, RowCopier(config, _unused, writer, progress, mapping=mapping), inputs, "prompt"
+        config, RowCopier(config, None, writer, progress, mapping=mapping), inputs, "prompt"
     )
 
 
@@ -276,10 +276,6 @@ def _write_splits(config: PrepareConfig, task: Any, writer: SplitWriter) -> None
             raise ConfigError([f"generate.{split}_size: {error}"]) from None
         for problem in problems:
             writer.write(split, problem)
-
-
-def _unused(row: dict, index: int, split: str) -> Problem:
-    raise AssertionError("a mapped source makes its problems with its RowMapping")
 
 
 def _write_generated(config: PrepareConfig, module: Any, writer: SplitWriter) -> dict[str, Any]:

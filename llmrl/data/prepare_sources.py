@@ -105,7 +105,8 @@ class RowCopier:
     """Reads a source's rows, validates them, and writes their problems to a split."""
 
     config: PrepareConfig
-    make_problem: Callable[[dict, int, str], Problem]
+    make_problem: Callable[[dict, int, str], Problem] | None
+    """An llmrl task's row -> Problem function (None for rows mapped by ``mapping``)."""
     writer: SplitWriter
     progress: bool
     skipped: Counter[str] = field(default_factory=Counter)
@@ -190,6 +191,7 @@ class RowCopier:
         self, values: dict[str, str], number: int, split: str, spec: str, columns: dict[str, str]
     ) -> Problem:
         try:
+            assert self.make_problem is not None  # rows with a mapping never get here
             return self.make_problem(values, number, split)
         except ValueError as error:
             message = str(error)
