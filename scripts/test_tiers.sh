@@ -78,9 +78,9 @@ tier() {
     cat "$reports/$name-vllm.log"
 }
 
-tier fast "not slow and not learning and not vllm" "vllm and not slow"
+tier fast "not slow and not learning and not vllm and not images" "vllm and not slow"
 if [ "$tiers" = all ]; then
-    tier slow "slow and not learning and not vllm" "vllm and slow"
+    tier slow "slow and not learning and not vllm and not images" "vllm and slow"
 fi
 
 if [ "${COVERAGE:-0}" = 1 ]; then

@@ -141,10 +141,10 @@ def test_every_suite_runs_and_any_failure_fails_the_tiers(
     assert sorted(by_suite) == sorted(expected_suites)
     assert sorted(p.stem for p in reports.glob("*.xml")) == sorted(expected_suites)
     # the marks select each tier; the fast tier never runs a slow test
-    assert "-m not slow and not learning and not vllm" in by_suite["fast-main"]
+    assert "-m not slow and not learning and not vllm and not images" in by_suite["fast-main"]
     assert "-m vllm and not slow tests/vllm" in by_suite["fast-vllm"]
     if tiers == "all":
-        assert "-m slow and not learning and not vllm" in by_suite["slow-main"]
+        assert "-m slow and not learning and not vllm and not images" in by_suite["slow-main"]
         assert "-m vllm and slow tests/vllm" in by_suite["slow-vllm"]
     summary = done.stdout.splitlines()[-1]
     assert summary.startswith(f"test tiers ({tiers}): fast-main ")

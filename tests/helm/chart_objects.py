@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from flows.launchers.manifests import (
     KUBERAY_TESTED_VERSIONS,
@@ -16,10 +15,8 @@ from flows.launchers.manifests import (
     build_rayjob_manifest,
     job_resources,
 )
-from flows.launchers.settings import KubernetesSettings
-from llmrl.topology import Topology
 from llmrl.topology.chart_values import ChartValues
-from tests.support.chart import NAMESPACE
+from tests.support.chart import NAMESPACE, of_kind, stage_inputs  # noqa: F401 (re-exported)
 from tests.support.crd_schema import KUBERAY_KINDS, missing_crds, validate_custom_object
 
 K8S_VERSION = "1.30"
@@ -31,11 +28,6 @@ def render(chart: Any, values: dict[str, Any]) -> dict[str, str]:
     return chart.render(values, name="llmrl", namespace=NAMESPACE)
 
 
-def of_kind(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """The objects of ``items`` of one kind."""
-    return [item for item in items if item["kind"] == kind]
-
-
 def pod_specs(item: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, pod spec) of each pod an object creates (the chart's pods are Deployments')."""
     if item["kind"] == "Deployment":
@@ -45,15 +37,6 @@ def pod_specs(item: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 def merged_values(chart: Any, values: dict[str, Any]) -> ChartValues:
     """The chart's defaults merged with ``values``, parsed as :class:`ChartValues`."""
     return ChartValues.model_validate(chart.merge_values(values))
-
-
-def stage_inputs(items: list[dict[str, Any]]) -> tuple[KubernetesSettings, Topology]:
-    """The stage pods' settings and the topology, as the flow-run pod reads them from the
-    chart's ConfigMap."""
-    (config,) = of_kind(items, "ConfigMap")
-    settings = KubernetesSettings.model_validate(yaml.safe_load(config["data"]["kubernetes.yaml"]))
-    topology = Topology.model_validate(yaml.safe_load(config["data"]["topology.yaml"]))
-    return settings, topology
 
 
 def stage_manifests(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

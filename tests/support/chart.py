@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from flows.launchers.settings import KubernetesSettings
+from llmrl.topology import Topology
 from tests.support.paths import REPO
 
 CHART = REPO / "helm" / "llmrl"
@@ -49,3 +51,17 @@ def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
         if path.endswith(".yaml"):
             found += [doc for doc in yaml.safe_load_all(text) if doc]
     return found
+
+
+def of_kind(items: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The objects of ``items`` of one kind."""
+    return [item for item in items if item["kind"] == kind]
+
+
+def stage_inputs(items: list[dict[str, Any]]) -> tuple[KubernetesSettings, Topology]:
+    """The stage pods' settings and the topology, as the flow-run pod reads them from the
+    chart's ConfigMap."""
+    (config,) = of_kind(items, "ConfigMap")
+    settings = KubernetesSettings.model_validate(yaml.safe_load(config["data"]["kubernetes.yaml"]))
+    topology = Topology.model_validate(yaml.safe_load(config["data"]["topology.yaml"]))
+    return settings, topology
