@@ -1,13 +1,15 @@
 # syntax=docker/dockerfile:1
-# llmrl images, four targets built from this one file (BuildKit: cache mounts, `--target`):
+# llmrl images, four targets built from this one file (BuildKit or buildah: cache mounts,
+# `--target`). `make images` / `make image-gpu` build them with buildah (docs/images.md):
 #
 #   gpu (default, last stage): Ray head/workers and the stage pods (SFT, GRPO, evaluation,
-#       vLLM engines). CUDA runtime base, torch and vLLM from PyPI, extras gpu,stage,k8s: what a
-#       stage needs, without Prefect (vLLM's FastAPI range excludes Prefect's), and without
-#       flows/ and prefect.yaml (a stage pod runs `llmrl <stage>`; the flow image runs the flows).
+#       vLLM engines). torch and vLLM from PyPI (CUDA 13 libraries in their wheels), extras
+#       gpu,stage,k8s: what a stage needs, without Prefect (vLLM's FastAPI range excludes
+#       Prefect's), and without flows/ and prefect.yaml (a stage pod runs `llmrl <stage>`; the
+#       flow image runs the flows).
 #         DOCKER_BUILDKIT=1 docker build --target gpu -t REGISTRY/llmrl:0.1.0 .
-#   cpu: CPU Ray pods (environment workers) and CPU stage pods. python:3.11-slim base,
-#       CPU-only torch, extras local,k8s (no vLLM).
+#   cpu: CPU Ray pods (environment workers) and CPU stage pods. CPU-only torch, extras
+#       local,k8s (no vLLM).
 #         DOCKER_BUILDKIT=1 docker build --target cpu -t REGISTRY/llmrl:0.1.0-cpu .
 #   flow: the Prefect flow-run pod. It only orchestrates (the kubernetes launcher creates Jobs and
 #       RayJobs and waits for them), so no torch: llmrl without its dependencies plus the
@@ -17,6 +19,8 @@
 #       constraints.txt, with the Postgres driver and boto3 (S3 artifacts). Tag it with that
 #       version:
 #         DOCKER_BUILDKIT=1 docker build --target mlflow -t REGISTRY/llmrl-mlflow:3.17.2 .
+#
+# All four start from PYTHON_BASE (Python 3.11 on Debian bookworm) and run as uid 10001.
 #
 # Ray pods (gpu: head and workers; cpu: environment workers) get readiness/liveness probes that
 # KubeRay injects: `bash -c "wget -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz |

@@ -197,13 +197,15 @@ images: | image-tools
 	$(PYTHON) scripts/images.py build cpu flow mlflow $(IMAGE_ARGS)
 	$(PYTHON) scripts/images.py report
 
-image-gpu: | image-tools
+image-gpu: $(VENV)/.installed-dev | image-tools
 	$(PYTHON) scripts/images.py build gpu $(IMAGE_ARGS)
 	$(PYTHON) scripts/images.py report
+	PYTHONDONTWRITEBYTECODE= LLMRL_IMAGE_REPOSITORY=$(IMAGE_REPOSITORY) $(BIN)/python -m pytest \
+		-m gpu_image tests/images $(PYTEST_ARGS)
 
 test-images: images $(VENV)/.installed-dev
 	PYTHONDONTWRITEBYTECODE= LLMRL_IMAGE_REPOSITORY=$(IMAGE_REPOSITORY) $(BIN)/python -m pytest \
-		-m images tests/images $(PYTEST_ARGS)
+		-m "images and not gpu_image" tests/images $(PYTEST_ARGS)
 
 # One environment's suite, all tiers: `make test-main`, `make test-vllm`, narrowed with
 # PYTEST_ARGS (e.g. PYTEST_ARGS="tests/train -m 'not slow'").

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,31 +34,21 @@ import pytest
 import yaml
 
 from flows.launchers.manifests import build_job_manifest, build_rayjob_manifest
+from tests.images.image_checks import image
 from tests.support.chart import NAMESPACE, objects, of_kind, stage_inputs
 from tests.support.chart_services import deployment
-from tests.support.image_pods import ImageRoot, PodContainer, image_exists, run_in_image
+from tests.support.image_pods import ImageRoot, PodContainer, run_in_image
 from tests.support.k8s_manifests import JOB_TEMPLATE, fill
 from tests.support.paths import REPO
 from tests.support.prefect_server import PrefectCli, client_env, sqlite_server
 from tests.support.service_process import ServiceProcess, free_port
 
-sys.path.insert(0, str(REPO / "scripts"))
-import images as image_builds
-
 pytestmark = [pytest.mark.images, pytest.mark.integration]
 
-REPOSITORY = os.environ.get("LLMRL_IMAGE_REPOSITORY", "localhost/llmrl")
 UID = 10001
 STAGE_TIMEOUT_S = 600
 """A stage on the tiny model takes well under a minute of CPU; Ray's start and torch's import in
 a fresh image take tens of seconds on a loaded 2-core machine."""
-
-
-def image(target: str) -> str:
-    reference = image_builds.image_tag(target, REPOSITORY)
-    if shutil.which("buildah") is None or not image_exists(reference):
-        pytest.fail(f"image {reference} is not built: run `make images` (make test-images does)")
-    return reference
 
 
 def fs_group_folder(path: Path) -> Path:
