@@ -16,8 +16,9 @@ starts its own Ray there (KubeRay's ``ray start`` on head and worker pods is not
   image's server;
 - flow: ``prefect deploy`` of prefect.yaml from the image (the operator's deploy command) into
   a Prefect server, then the flow-run pod's ``prefect flow-run execute`` of a pipeline run
-  whose stages are all skipped (the flow image has no torch: its stages run in the stage
-  images, as Jobs and RayJobs), completing against the mlflow image's server.
+  whose stages are all skipped, then ``python -m flows`` likewise (the flow image has no
+  torch: its stages run in the stage images, as Jobs and RayJobs), each completing against the
+  mlflow image's server.
 """
 
 from __future__ import annotations
@@ -336,13 +337,24 @@ def test_flow_image_deploys_and_runs_the_flow_run_pod(chart, mlflow_server, tmp_
         assert executed.returncode == 0, executed.stdout[-6000:]
         state = operator.get(f"/flow_runs/{flow_run['id']}")["state"]["type"]
         assert state == "COMPLETED", executed.stdout[-6000:]
+        # The same pipeline from the command line, `python -m flows`, in the same pod (its own
+        # ephemeral Prefect under PREFECT_HOME=/tmp/prefect).
+        skip = [word for stage in ("prepare", "sft", "grpo", "eval") for word in ("--skip", stage)]
+        cli = in_flow_pod(
+            ["python", "-m", "flows", *skip, "--work-dir", "/shared/runs/cli",
+             "--mlflow-tracking-uri", f"http://127.0.0.1:{server.port}",
+             "--experiment", "image-flow-cli"],
+            {},
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stdout[-6000:]
     finally:
         prefect_server.stop()
 
     import mlflow
 
     client = mlflow.MlflowClient(f"http://127.0.0.1:{server.port}")
-    experiment = client.get_experiment_by_name("image-flow")
-    assert experiment is not None, "the flow run logs its parent run to the image's MLflow"
-    [parent] = client.search_runs([experiment.experiment_id])
-    assert parent.info.status == "FINISHED"
+    for name in ("image-flow", "image-flow-cli"):
+        experiment = client.get_experiment_by_name(name)
+        assert experiment is not None, f"{name}: no parent run in the image's MLflow"
+        [parent] = client.search_runs([experiment.experiment_id])
+        assert parent.info.status == "FINISHED"
