@@ -149,7 +149,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 
 # Convert the default model once so pods start with it ready (read-only at run time). Only the
 # new cache is made readable: a recursive chmod of /opt/llmrl would copy every file of the venv
-# into this layer (a copy-up per file; measured: the cpu image at 6.1 GB instead of 3.6 GB).
+# into this layer (a copy-up per file: the cpu image nearly doubled, docs/measurements.md#images).
 RUN llmrl convert-model smollm2-135m-instruct \
     && chmod -R a+rX /opt/llmrl/cache
 
@@ -304,7 +304,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 
 # Convert the default model once so pods start with it ready (read-only at run time). Only the
 # new cache is made readable: a recursive chmod of /opt/llmrl would copy every file of the venv
-# into this layer (a copy-up per file; measured: the cpu image at 6.1 GB instead of 3.6 GB).
+# into this layer (a copy-up per file: the cpu image nearly doubled, docs/measurements.md#images).
 RUN llmrl convert-model smollm2-135m-instruct \
     && chmod -R a+rX /opt/llmrl/cache
 

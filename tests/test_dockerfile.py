@@ -293,8 +293,8 @@ def check_probes(all_stages: list[Stage]) -> list[str]:
 
 def check_no_recursive_change_of_earlier_layers(all_stages: list[Stage]) -> list[str]:
     """No `chmod -R`/`chown -R` over the venv or a folder holding it: changing a file that an
-    earlier layer wrote copies the whole file into the new layer (the cpu image measured 6.1 GB
-    instead of 3.6 GB with `chmod -R a+rX /opt/llmrl` after the installs)."""
+    earlier layer wrote copies the whole file into the new layer (the cpu image nearly doubled:
+    docs/measurements.md#images, with `chmod -R a+rX /opt/llmrl` after the installs)."""
     problems = []
     for target in TARGETS:
         venv = next(
