@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -282,6 +283,43 @@ def test_a_model_that_leaks_across_packed_sequences_is_scored_padded_with_the_re
     finally:
         hook.remove()
     assert shapes == [[len(sequences), 30]] * 2  # both padded
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def _mix_previous_token(fraction: float):
+    """A forward hook adding ``fraction`` of the previous position's hidden state to each
+    position, as a width-2 causal convolution does: causal within a row, blind to
+    ``position_ids``, so it carries a little of sequence A into packed sequence B."""
+
+    def hook(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        previous = torch.zeros_like(hidden)
+        previous[:, 1:] = hidden[:, :-1]
+        mixed = hidden + fraction * previous
+        return (mixed, *output[1:]) if isinstance(output, tuple) else mixed
+
+    return hook
+
+
+def test_a_weak_leak_across_packed_sequences_is_refused(tokenizer, caplog):
+    """1% of one hidden state crossing the boundary moves the logits by ~5e-3: well under a
+    tenth of what no packing at all moves them (the probe's old acceptance), well above
+    rounding. Such a model is scored padded, exactly as padded rows are."""
+    model = tiny_model(tokenizer, seed=10)
+    model.model.layers[0].register_forward_hook(_mix_previous_token(0.01))
+    with caplog.at_level(logging.WARNING, logger="llmrl.policies.packing"):
+        problem = packing_problem(model)
+    assert problem is not None and "depend on the sequence before it" in problem
+    assert "packing off for LlamaForCausalLM" in caplog.text
+    gap, rounding, leak = (float(x) for x in re.findall(r"(\d[\d.e+-]*)(?:,|;|\))", problem))
+    assert rounding < gap < 0.1 * leak, problem  # a weak leak, above rounding
+    options = {"generate": False, "input_mode": "tokens", "pad_output": True}
+    policy = TransformersWrapper(model, tokenizer, **options)
+    padded_policy = TransformersWrapper(model, tokenizer, packing=False, **options)
+    batch = _tokens_batch(_sequences(model.config.vocab_size, seed=11), PROMPTS)
+    with torch.no_grad():
+        got = policy(batch.clone())["log_probs"].full
+        want = padded_policy(batch.clone())["log_probs"].full
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
