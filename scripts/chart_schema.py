@@ -2,7 +2,7 @@
 
 The files are ``helm/llmrl/values.schema.json`` (the values schema, with the topology rules
 JSON Schema can state) and ``helm/llmrl/templates/_topology_guard.tpl`` (every topology rule as a
-Go template ``fail``); :mod:`llmrl.topology.chart_files` renders both.
+Go template ``fail``); :mod:`deploy.chart_files` renders both.
 
 Usage::
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from llmrl.topology.chart_files import (  # noqa: E402
+from deploy.chart_files import (  # noqa: E402
     GUARD_FILE,
     SCHEMA_FILE,
     generated_files,

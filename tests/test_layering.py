@@ -3,7 +3,10 @@
 ``LAYERS`` lists the packages bottom up (``../shared/DESIGN.md``, "Layers"). A module may import
 from its own package, from any package of a lower layer, and from a package of its own layer
 as long as no cycle between packages closes. Every import counts, inside functions too, except
-those under ``if TYPE_CHECKING:``. ``flows/`` sits above all of them and no package imports it.
+those under ``if TYPE_CHECKING:``. ``flows/`` and ``deploy/`` (the chart's values model and
+generated files) sit above all of them and no package imports them. Nor may two modules of
+``llmrl`` import each other, directly or around a longer loop, even inside a function: a
+deferred import that hides such a loop is refused like a module-level one.
 
 Each package's ``__init__`` docstring names its layer, so a reader of the code sees where it
 sits; the test keeps those lines true.
@@ -30,14 +33,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # (name, its packages), bottom up
     ("runtime", ("runtime",)),
     ("stages and CLI", ("stages", "cli")),
 ]
+ABOVE_THE_LIBRARY = ("flows", "deploy")
+"""Top-level packages that import llmrl and that nothing in llmrl imports."""
 LAYER_OF = {package: index for index, (_, packages) in enumerate(LAYERS) for package in packages}
 
 
 def _package(module: str) -> str | None:
     """The ``llmrl`` package (or top-level module) of a dotted module name, None outside llmrl."""
     parts = module.split(".")
-    if parts[0] == "flows":
-        return "flows"
+    if parts[0] in ABOVE_THE_LIBRARY:
+        return parts[0]
     if parts[0] != "llmrl" or len(parts) == 1:
         return None
     return parts[1]
@@ -93,8 +98,10 @@ def layering_violations(root: Path) -> list[str]:
     problems = []
     edges: dict[str, dict[str, str]] = {}
     for source, imported, where in package_imports(root):
-        if imported == "flows":
-            problems.append(f"{where}: llmrl.{source} imports flows (the top, above every package)")
+        if imported in ABOVE_THE_LIBRARY:
+            problems.append(
+                f"{where}: llmrl.{source} imports {imported} (the top, above every package)"
+            )
             continue
         unknown = [p for p in (source, imported) if p not in LAYER_OF]
         if unknown:
@@ -134,6 +141,88 @@ def _cycles(edges: dict[str, dict[str, str]]) -> list[str]:
 
 def test_every_import_in_llmrl_runs_downward_and_no_packages_form_a_cycle():
     assert layering_violations(REPO) == []
+
+
+def module_cycles(root: Path) -> list[list[str]]:
+    """Each set of ``llmrl`` modules that import one another around a loop (sorted), with every
+    import counted (inside functions too; ``TYPE_CHECKING`` aside). ``from pkg import name``
+    is an import of the module ``pkg.name`` when there is one, else of ``pkg``."""
+    files = {}
+    for file in sorted((root / "llmrl").rglob("*.py")):
+        module = ".".join(file.relative_to(root).with_suffix("").parts)
+        files[module.removesuffix(".__init__")] = file
+    edges: dict[str, set[str]] = {}
+    for module, file in files.items():
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+        skipped = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [name if name in files else node.module for name in names]
+            else:
+                continue
+            edges.setdefault(module, set()).update(t for t in targets if t in files and t != module)
+    # strongly connected components (Tarjan), iteratively
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in files:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return cycles
+
+
+def test_no_modules_of_llmrl_import_each_other():
+    """The topology's sections imported its spec inside a function while the spec imported the
+    sections (found by a review of 5340e0d); any such loop is refused."""
+    assert module_cycles(REPO) == []
+
+
+def test_a_loop_hidden_in_a_function_is_a_cycle(tmp_path):
+    _tree(
+        tmp_path,
+        {
+            "topology/__init__.py": "",
+            "topology/spec.py": "from llmrl.topology.sections import S\n",
+            "topology/sections.py": "def f():\n    from llmrl.topology.spec import T\n",
+            "topology/rules.py": "from llmrl.topology import spec\n",
+        },
+    )
+    assert module_cycles(tmp_path) == [["llmrl.topology.sections", "llmrl.topology.spec"]]
 
 
 def test_every_package_is_in_a_layer_and_its_docstring_names_it():
@@ -195,6 +284,7 @@ def test_a_cycle_within_a_layer_is_reported_and_type_checking_imports_are_not(tm
     ("files", "expected"),
     [
         ({"stages/x.py": "import flows.pipeline\n"}, "imports flows"),
+        ({"topology/x.py": "from deploy.chart_values import ChartValues\n"}, "imports deploy"),
         ({"widgets/__init__.py": "from llmrl.core import y\n"}, "package 'widgets' is in no layer"),
     ],
 )

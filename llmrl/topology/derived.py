@@ -4,7 +4,7 @@ trainer's world size.
 
 Each is a :class:`~llmrl.topology.expressions.Derived`: the section's Python property returns its
 value, and the chart's guard template defines it as a named template the other templates
-include (:mod:`llmrl.topology.chart_files`). A model role's section is null unless set and the
+include (:mod:`deploy.chart_files`). A model role's section is null unless set and the
 chart's values hold no defaults inside it: the fields of it these read are
 :class:`~llmrl.topology.optional.FilledField` (Go reads a left-out key as its default).
 """

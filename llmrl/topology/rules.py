@@ -6,7 +6,7 @@ hold (``require``) and the message when it does not. The same table is read thre
 - :func:`problems` checks a :class:`~llmrl.topology.spec.Topology` (its validator calls it);
 - :func:`schema_clauses` writes the rules JSON Schema can state as ``if``/``then`` clauses of
   the model's JSON schema, hence of the chart's ``values.schema.json``;
-- :mod:`llmrl.topology.chart_files` renders every rule into the chart's guard template
+- :mod:`deploy.chart_files` renders every rule into the chart's guard template
   (``helm/llmrl/templates/_topology_guard.tpl``), which fails ``helm install``/``template``
   with the same message, prefixed with ``topology.``.
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -26,14 +27,22 @@ def with_rules(section: str | None) -> ConfigDict:
     """A model config whose JSON schema carries the ``if``/``then`` clauses of the rules about
     ``section`` (None: the rules across sections, on the Topology)."""
 
-    def add_clauses(schema: dict[str, Any]) -> None:
-        from llmrl.topology.spec import Topology  # the sections are its parts
-
-        clauses = schema_clauses(section, Topology.schema_defaults())
+    def add_clauses(schema: dict[str, Any], model: type[ConfigModel]) -> None:
+        clauses = schema_clauses(section, schema_defaults(section, model))
         if clauses:
             schema["allOf"] = clauses
 
     return ConfigDict(json_schema_extra=add_clauses)
+
+
+def schema_defaults(section: str | None, model: type[ConfigModel]) -> Any:
+    """What a left-out key means to the rules about ``section``, from the model whose schema
+    carries them: its defaults under the section's name (every field of such a rule is in that
+    section), or for the rules across sections the Topology's own ``schema_defaults``. The
+    sections need not know the Topology they are parts of."""
+    if section is None:
+        return model.schema_defaults()
+    return SimpleNamespace(**{section: model.model_construct()})
 
 
 class SchedulingSpec(ConfigModel):

@@ -15,7 +15,7 @@ from flows.launchers.manifests import (
     build_rayjob_manifest,
     job_resources,
 )
-from llmrl.topology.chart_values import ChartValues
+from deploy.chart_values import ChartValues
 from tests.support.chart import NAMESPACE, of_kind, stage_inputs  # noqa: F401 (re-exported)
 from tests.support.crd_schema import KUBERAY_KINDS, missing_crds, validate_custom_object
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from llmrl.topology import Topology
-from llmrl.topology.chart_values import ChartValues
+from deploy.chart_values import ChartValues
 from tests.helm.chart_objects import render
 from tests.support.chart import CHART, VALUE_SETS
 from tests.support.paths import REPO

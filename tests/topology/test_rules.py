@@ -20,7 +20,7 @@ from llmrl.topology import (
     Topology,
     TrainerSpec,
 )
-from llmrl.topology.chart_files import generated_files, render_guard
+from deploy.chart_files import generated_files, render_guard
 from llmrl.topology.derived import MODEL_ROLE_DEFAULTS, ROLE_ENGINE_GPUS
 from llmrl.topology.expressions import Compare, Const, Field, In, IsNull, NotInSchema
 from llmrl.topology.optional import FilledField, Present

@@ -1,6 +1,6 @@
 """The Helm chart's files generated from the Python models: its values schema and its guard.
 
-- ``helm/llmrl/values.schema.json``: :class:`~llmrl.topology.chart_values.ChartValues`' JSON
+- ``helm/llmrl/values.schema.json``: :class:`~deploy.chart_values.ChartValues`' JSON
   schema (its ``topology`` section is :class:`~llmrl.topology.spec.Topology`'s, with the
   ``if``/``then`` clauses of :mod:`llmrl.topology.rules`), as the draft-07 Helm validates
   values with: every ``$ref`` into ``$defs`` inlined (its sibling keywords merged in, which
@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from deploy.chart_values import ChartValues
 from llmrl.topology.derived import DERIVED
 from llmrl.topology.expressions import Not, all_of
 from llmrl.topology.rules import RULES, FirstOf, Rule
@@ -37,12 +38,10 @@ _PRINTF = {"int": "%d", "str": "%s"}
 
 def build_schema() -> dict[str, Any]:
     """The chart's values schema: ChartValues' JSON schema, refs inlined, as draft-07."""
-    from llmrl.topology.chart_values import ChartValues
-
     schema = ChartValues.model_json_schema()
     definitions = schema.pop("$defs", {})
     inlined = _inline(schema, definitions, ())
-    comment = f"Generated from llmrl.topology.chart_values by {COMMAND}; do not edit."
+    comment = f"Generated from deploy.chart_values by {COMMAND}; do not edit."
     return {"$schema": DRAFT_07, "$comment": comment, **inlined}
 
 
