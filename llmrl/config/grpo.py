@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -285,6 +286,22 @@ class GRPOConfig(StageConfig):
         default_factory=lambda: CheckpointConfig(every=25, best_metric="reward_mean"),
         description="checkpoints and resume",
     )
+
+    @property
+    def turns_per_step(self) -> int:
+        """Sampled turns in one step's batch: prompts x G (one row each on the trainer)."""
+        return self.prompts_per_step * self.num_samples
+
+    @property
+    def minibatches(self) -> int:
+        """Optimizer steps per pass over a step's batch (``minibatch_size`` rows each)."""
+        turns = self.turns_per_step
+        return math.ceil(turns / (self.minibatch_size or turns))
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        """Optimizer steps of the whole run: the learning-rate schedule's length."""
+        return self.steps * self.updates_per_step * self.minibatches
 
     @model_validator(mode="after")
     def _reference_needed(self) -> GRPOConfig:

@@ -18,7 +18,6 @@ phase costs on the project's machine: ``docs/measurements.md``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,18 +25,16 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from llmrl.collectors import DynamicSampler, LLMCollector
+from llmrl.collectors import LLMCollector
 from llmrl.config.grpo import GRPOConfig
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.task_env import TaskEnv
 from llmrl.envs.tasks.prepared import prepared_task
 from llmrl.models import load_model, load_tokenizer
-from llmrl.objectives import build_advantage
-from llmrl.objectives.reward_shaping import RewardShaper
 from llmrl.policies import TransformersWrapper
+from llmrl.runtime.driver_parts import build_driver_parts
 from llmrl.runtime.grpo_runtime import VERSION_HISTORY
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
-from llmrl.train.audit import StepAudit
 from llmrl.train.grpo_trainer import GRPOTrainer
 from llmrl.train.precision import TrainingPrecision
 from llmrl.train.trainable_model import load_trainable_model
@@ -100,26 +97,20 @@ class InProcessGRPO:
             fallback_reward=config.rewards.task_fallback_reward,
             timeout_s=config.rewards.task_timeout_s,
         )
-        turns = config.prompts_per_step * config.num_samples
+        turns = config.turns_per_step
         self.collector = LLMCollector(
             env,
             policy,
             dialog_turns_per_batch=turns,
             weight_updater=InProcessWeightUpdater(policy, source=self.model),
         )
-        self.advantage = build_advantage(config)
-        # dynamic sampling: each extra round samples another prompts x G answers
-        self.sampler = DynamicSampler(
-            self.advantage, config.prompts_per_step, config.advantage.resample_rounds
-        )
-        self.shaping = RewardShaper.from_config(config)  # reward_shaping, before the advantage
-        # as the runtime's TrainerGroup: optimizer steps per update pass, and the schedule length
-        self.minibatches = math.ceil(turns / (config.minibatch_size or turns))
-        total_steps = config.steps * config.updates_per_step * self.minibatches
-        self.trainer = GRPOTrainer(config, self.model, self.tokenizer, total_steps)
+        parts = build_driver_parts(config, tokenizer=self.tokenizer)
+        self.advantage, self.sampler = parts.advantage, parts.sampler
+        self.shaping, self.audit = parts.shaping, parts.audit
+        self.minibatches = config.minibatches
+        self.trainer = GRPOTrainer(config, self.model, self.tokenizer, config.total_optimizer_steps)
         self._steps = 0
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.audit = StepAudit(config.audit, self.tokenizer) if config.audit.enabled else None
         self.trained_versions: deque[tuple[int, list[int]]] = deque(maxlen=VERSION_HISTORY)
         self._batches = iter(self.collector)
 

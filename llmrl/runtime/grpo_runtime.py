@@ -48,21 +48,20 @@ from typing import Any
 import yaml
 from tensordict import TensorDictBase
 
-from llmrl.collectors import ActorLayout, AsyncRollouts, DynamicSampler, RayLLMCollector
+from llmrl.collectors import ActorLayout, AsyncRollouts, RayLLMCollector
 from llmrl.config.grpo import TOPOLOGY_ENV, GRPOConfig, topology_problems
 from llmrl.core.config_loading import ConfigError
 from llmrl.core.deadlines import CallTimeout, Hung, cause_of, wait_for
 from llmrl.data.prepare import load_prepared
 from llmrl.envs.tasks.prepared import prepared_task
-from llmrl.objectives import build_advantage
-from llmrl.objectives.reward_shaping import RewardShaper
 from llmrl.runtime.colocation import EngineSleep, refuse_without_sleep_mode
+from llmrl.runtime.driver_parts import build_driver_parts
 from llmrl.runtime.engines import EngineSet, inference_actor_options, start_engines
 from llmrl.runtime.env_workers import TaskEnvFactory, env_worker_options
 from llmrl.runtime.grpo_step import COUNTERS, grpo_step
 from llmrl.runtime.trainer_group import TrainerGroup
 from llmrl.topology import Topology, place_on_ray
-from llmrl.train.audit import AuditError, StepAudit
+from llmrl.train.audit import AuditError
 from llmrl.transports.selection import engine_weight_backend
 
 logger = logging.getLogger(__name__)
@@ -311,12 +310,9 @@ class GRPORuntime:
         """The advantage, dynamic sampling, the audit and the rollouts thread; a resumed run
         restores their state and gives the engines the trained weights."""
         config = self.config
-        self.advantage = build_advantage(config, reference=self._reference_scorer())
-        self.sampler = DynamicSampler(
-            self.advantage, config.prompts_per_step, config.advantage.resample_rounds
-        )
-        self.shaping = RewardShaper.from_config(config)  # reward_shaping, before the advantage
-        self.audit = self._step_audit()
+        parts = build_driver_parts(config, reference=self._reference_scorer())
+        self.advantage, self.sampler = parts.advantage, parts.sampler
+        self.shaping, self.audit = parts.shaping, parts.audit
         staleness = 0 if config.mode == "sync" else config.max_staleness
         partial = config.runtime.partial_rollouts
         self.rollouts = AsyncRollouts(
@@ -335,16 +331,6 @@ class GRPORuntime:
             # the engines start from the model spec; after a resume they need the trained weights
             self.collector.weight_updater.push(version=self.policy_version)
         self._iterator = iter(self.rollouts)
-
-    def _step_audit(self) -> StepAudit | None:
-        """The driver's half of the consistency audit (:mod:`llmrl.train.audit`), if on."""
-        if not self.config.audit.enabled:
-            return None
-        from llmrl.models import load_tokenizer
-
-        model = self.config.model
-        tokenizer = load_tokenizer(model.spec, trust_remote_code=model.trust_remote_code)
-        return StepAudit(self.config.audit, tokenizer)
 
     def _reference_scorer(self) -> Any:
         """REINFORCE++'s KL in the reward scores the batches with the dedicated reference

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -67,8 +66,7 @@ class TrainerGroup:
         runtime = config.runtime
         self.push_timeout_s = runtime.timeouts.weight_push_s + runtime.collective_timeout_s
         """The driver's bound on a push: the ranks' gather, then rank 0's push."""
-        rows = config.prompts_per_step * config.num_samples
-        self.minibatches = math.ceil(rows / (config.minibatch_size or rows))
+        self.minibatches = config.minibatches
         self.ranks = self._start_ranks(config, topology, placement, runtime_env)
         address, port = self._all("rendezvous", ranks=[0])[0]
         self._all("setup", address, port, resume_from, stop_on_error=True)
@@ -91,7 +89,7 @@ class TrainerGroup:
         import ray
 
         spec = placement.specs.trainer
-        total_steps = config.steps * config.updates_per_step * self.minibatches
+        total_steps = config.total_optimizer_steps
         with_reference = config.reference and topology.reference.placement == "with_trainer"
         actor = ray.remote(TrainerRank)
         ranks = []
