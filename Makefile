@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := $(VENV)/torch-constraint.txt
 
 .PHONY: test test-all test-main test-vllm stage-env bubblewrap postgresql check-learning run bench bench-learning \
-	lint format chart-schema clean-venv gpu-wheels test-gpu coverage \
+	lint format chart-schema api-docs clean-venv gpu-wheels test-gpu coverage \
 	image-tools images image-gpu test-images
 
 # Installs go through uv (pinned below, bootstrapped into .uv/ with pip on first use): it honours
@@ -243,6 +243,13 @@ check-learning: $(VENV)/.installed-dev
 # (templates/_topology_guard.tpl); tests/topology/test_rules.py fails when they are stale.
 chart-schema: $(VENV)/.installed-dev
 	$(BIN)/python scripts/chart_schema.py
+
+# The API reference of every name `import llmrl` exports (docs-api/: MkDocs + mkdocstrings), built
+# --strict into build/api-docs (open index.html there): a warning, such as a cross-reference to
+# nothing, fails it. docs-api/generate.py rewrites its pages after an export is added; the fast
+# tier runs the same build (tests/test_api_reference.py).
+api-docs: $(VENV)/.installed-dev
+	$(BIN)/python -m mkdocs build --strict -f docs-api/mkdocs.yml -d $(CURDIR)/build/api-docs
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

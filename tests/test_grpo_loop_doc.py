@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from llmrl.envs.tasks.base import Score
+from tests.support.doc_pages import python_block
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "grpo-loop.md"
@@ -21,9 +22,7 @@ PAGE = REPO / "docs" / "grpo-loop.md"
 
 def page_script() -> str:
     """The page's one Python block."""
-    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 1, "docs/grpo-loop.md should hold exactly one ```python block"
-    return blocks[0]
+    return python_block("docs/grpo-loop.md")
 
 
 def with_constant(script: str, name: str, value: str) -> str:

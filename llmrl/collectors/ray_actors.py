@@ -237,8 +237,9 @@ def on_passing_thread(function: Callable[..., T], *args: Any) -> T:
     process holds more such threads than it has CPUs, every team stops spin-waiting between
     parallel regions and sleeps instead. A Ray actor's method threads live as long as the
     actor: after one weight load on one of them the engine's decode (thousands of short
-    regions) kept 1.5 of its 2 cores busy instead of 2.0, and took 10-20% longer, for the rest
-    of the run. A thread that ends takes its team with it.
+    regions) kept fewer of its cores busy, and took longer, for the rest of the run
+    (benchmarks/README.md#where-the-runtimes-time-went-and-what-changed-2026-11-27). A thread
+    that ends takes its team with it.
     """
     outcome: dict[str, Any] = {}
 

@@ -21,8 +21,8 @@ signals or re-limits the caller).
   ``_posixshmem``). Without bubblewrap or user namespaces, :func:`run_python` raises
   :class:`SandboxUnavailableError` saying how to get them, unless ``limits.os_sandbox`` is
   ``"optional"``: then the layers below run alone and each run logs a warning. bwrap adds
-  about 10 ms per call on a quiet 2-core machine (median 180 ms against 169 ms), more when
-  the cores are busy (66 ms paired median at a load average of 10).
+  milliseconds per call, more when the cores are busy
+  (docs/measurements.md#the-python-tools-sandbox).
 * Enforced by the kernel (holds against native code too): rlimits (address space, file size,
   CPU time, open files, no core dumps; process count where it is per sandbox: dropped uid or
   user namespace) set between fork and exec; its own session and process group, and a

@@ -1,9 +1,10 @@
 """llmrl's own sampling loop for transformers models: what ``generate`` does, minus its waste.
 
-Profiled on the rollout benchmark (SmolLM2-135M, 32 rows, 2 CPU threads; benchmarks/README.md),
-``generate`` spends ~12% of a decode step drawing one token per row: its ``torch.multinomial``
-draws an exponential variate for every vocabulary entry (1.5 M per step). It also keeps every
-step's ``[rows, vocab]`` logits for the log-probs, and keeps computing rows that have ended.
+Profiled on the rollout benchmark (SmolLM2-135M, 32 rows, 2 CPU threads; the profile:
+benchmarks/README.md#what-the-numbers-say), ``generate`` spends a sizeable share of a decode
+step drawing one token per row: its ``torch.multinomial`` draws an exponential variate for
+every vocabulary entry (1.5 M per step). It also keeps every step's ``[rows, vocab]`` logits for
+the log-probs, and keeps computing rows that have ended.
 This loop instead:
 
 - draws by inverse CDF: one uniform number per row, searched in the cumulative probabilities;

@@ -108,7 +108,7 @@ def grpo_step(parts: StepParts, number: int) -> tuple[TensorDictBase, dict[str, 
     versions = [int(v) for v in batch["policy_version"].reshape(-1).tolist()]
     parts.trained_versions.append((trainer_version, versions))
     audit = parts.audit
-    if audit is not None:  # the driver decodes and encodes every response: 6-23 ms for 64
+    if audit is not None:  # its cost: docs/measurements.md#the-consistency-audits-cost
         metrics.update(audit.token_round_trip(batch, number))
 
     tick = time.perf_counter()

@@ -6,8 +6,9 @@ torchtitan and prime-rl do:
 
 - **float32 master weights and AdamW state.** Pure bfloat16 AdamW adds each update to a
   bfloat16 weight, whose 8-bit mantissa spaces neighbouring values ~0.4% of the weight apart:
-  an update smaller than half of that is rounded away (measured: one GRPO step at lr 1e-6
-  changed 1.9% of a bfloat16 model's weight elements, 99.9997% in float32).
+  an update smaller than half of that is rounded away (measured on an H100: one GRPO step at
+  lr 1e-6 changed few of a bfloat16 model's weight elements and nearly all in float32,
+  docs/measurements.md#bfloat16-updates-rounded-away).
 - **compute in ``dtype``**: ``torch.autocast`` around the forward and loss (single process and
   DDP); under FSDP2 its ``MixedPrecisionPolicy`` (parameters gathered in ``dtype``, gradients
   reduced in float32) instead.

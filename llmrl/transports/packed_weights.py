@@ -1,11 +1,11 @@
 """A state dict packed for Ray's object store: numpy arrays, each shared tensor once.
 
 Ray pickles a torch tensor through torch's own ``torch.save`` path: the trainer copies every
-tensor into a byte string and each reader parses it back into a fresh tensor (measured on the
-local GRPO runtime with SmolLM2-135M: ~9% of the inference actor's time went to that
-deserialisation). Numpy arrays travel out of band instead: ``ray.put`` writes them into shared
-memory once and ``ray.get`` hands back arrays that point into it, so the reader's only copy is
-``load_state_dict`` into its own parameters.
+tensor into a byte string and each reader parses it back into a fresh tensor (on the local
+GRPO runtime with SmolLM2-135M, a visible share of the inference actor's time went to that
+deserialisation: the profile of 2026-11-24 in docs/learning.md). Numpy arrays travel out of
+band instead: ``ray.put`` writes them into shared memory once and ``ray.get`` hands back arrays
+that point into it, so the reader's only copy is ``load_state_dict`` into its own parameters.
 
 Tensors that share memory (a tied input embedding and output layer) are stored once and
 restored under every name. Dtypes numpy lacks (``bfloat16``) travel as a same-width integer

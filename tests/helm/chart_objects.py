@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from deploy.chart_values import ChartValues
 from flows.launchers.manifests import (
     KUBERAY_TESTED_VERSIONS,
     RAY_STAGES,
@@ -15,7 +16,6 @@ from flows.launchers.manifests import (
     build_rayjob_manifest,
     job_resources,
 )
-from deploy.chart_values import ChartValues
 from tests.support.chart import NAMESPACE, of_kind, stage_inputs  # noqa: F401 (re-exported)
 from tests.support.crd_schema import KUBERAY_KINDS, missing_crds, validate_custom_object
 

@@ -12,8 +12,8 @@ import sys
 import jsonschema
 import pytest
 
-from llmrl.topology import Topology
 from deploy.chart_values import ChartValues
+from llmrl.topology import Topology
 from tests.helm.chart_objects import render
 from tests.support.chart import CHART, VALUE_SETS
 from tests.support.paths import REPO

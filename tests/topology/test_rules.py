@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
+from deploy.chart_files import generated_files, render_guard
 from llmrl.topology import (
     MODEL_ROLES,
     InferenceSpec,
@@ -20,7 +21,6 @@ from llmrl.topology import (
     Topology,
     TrainerSpec,
 )
-from deploy.chart_files import generated_files, render_guard
 from llmrl.topology.derived import MODEL_ROLE_DEFAULTS, ROLE_ENGINE_GPUS
 from llmrl.topology.expressions import Compare, Const, Field, In, IsNull, NotInSchema
 from llmrl.topology.optional import FilledField, Present
