@@ -315,7 +315,7 @@ def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
         RLOOAdvantage,
         build_advantage,
     )
-    from llmrl.runtime import grpo_loop, grpo_runtime
+    from llmrl.runtime import driver_parts, grpo_loop, grpo_runtime
     from llmrl.train.grpo_trainer import GRPOTrainer
 
     model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
@@ -338,8 +338,10 @@ def test_the_stage_builds_the_selected_loss_and_estimator(tiny_model_dir):
     assert type(loss) is GRPOLoss and type(advantage) is MCAdvantage
     assert (loss.aggregation, loss.max_length_norm, loss.tis_cap) == ("token_mean", None, None)
     assert (advantage.scale, advantage.eps, advantage.drop_zero_std) == ("group", 1e-6, False)
-    assert grpo_runtime.build_advantage is build_advantage
-    assert grpo_loop.build_advantage is build_advantage
+    # both compositions build theirs with the one builder, which builds it with this one
+    assert driver_parts.build_advantage is build_advantage
+    assert grpo_runtime.build_driver_parts is grpo_loop.build_driver_parts
+    assert grpo_loop.build_driver_parts is driver_parts.build_driver_parts
 
 
 def test_runtime_passes_the_dedicated_reference_to_reinforce_pp(monkeypatch):
