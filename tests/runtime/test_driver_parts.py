@@ -46,8 +46,9 @@ def test_the_parts_follow_the_config():
     assert parts.shaping is not None and parts.audit is None
 
 
-def test_no_shaping_and_the_audit_with_the_given_tokenizer(tokenizer):
+def test_no_shaping_and_the_audit_with_the_given_tokenizer():
     config = stage_config(GRPOConfig, "data.path=unused", "audit.enabled=true")
+    tokenizer = object()  # the audit keeps it for later decodes; none runs here
     parts = build_driver_parts(config, tokenizer=tokenizer)
     assert parts.shaping is None
     assert parts.audit is not None and parts.audit.tokenizer is tokenizer
