@@ -19,16 +19,16 @@ from llmrl.policies import TransformersWrapper
 from llmrl.policies.base import ScoreResult
 from llmrl.policies.packing import pack_sequences, packing_problem, score_packed
 from llmrl.policies.response_scoring import score_responses
-from tests.tolerances import log_prob_atol, max_abs, rounding_atol, summation_atol
-
-# GRPO-like rows: prompts of 3-8 tokens, responses from 1 token to the longest
-LENGTHS = [9, 30, 4, 17, 12, 30, 6]
-PROMPTS = [3, 5, 2, 8, 4, 6, 5]
-
-
-def _sequences(vocab: int, lengths=LENGTHS, seed: int = 0) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(5, vocab, (n,), generator=generator) for n in lengths]
+from tests.support.packed_scoring import (
+    BF16_ROUNDINGS,
+    LENGTHS,
+    PROMPTS,
+    assert_same_scores,
+    max_logit,
+    sequences_of,
+    values_and_grads,
+)
+from tests.tolerances import max_abs, rounding_atol
 
 
 def test_sequences_are_laid_end_to_end_with_positions_restarting():
@@ -65,58 +65,15 @@ def test_packing_refuses_what_has_no_prediction(first, message):
         pack_sequences([torch.tensor([1, 2]), torch.tensor([3])], first, 0)
 
 
-def _weighted(result, generator) -> torch.Tensor:
-    """A scalar of every value with random weights: its gradient reaches every parameter."""
-    total = (result.log_probs * torch.randn(result.log_probs.shape, generator=generator)).sum()
-    if result.entropy is not None:
-        total = (
-            total + (result.entropy * torch.randn(result.entropy.shape, generator=generator)).sum()
-        )
-    return total
-
-
-def _values_and_grads(model, score):
-    result = score()
-    _weighted(result, torch.Generator().manual_seed(1)).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return result, grads
-
-
-def _max_logit(model, sequences) -> float:
-    with torch.no_grad():
-        return max(max_abs(model(input_ids=s[None]).logits) for s in sequences)
-
-
-def assert_same_scores(model, packed, padded, sequences) -> None:
-    """fp32 packed and padded scoring: the same values and gradients up to the order of their
-    sums. Packing changes which positions share a matmul and how many keys a row's softmax runs
-    over (masked keys add exact zeros); the longest sums on either path are the output layer's
-    over the V vocabulary entries (forward: ``lse``, ``sum p z``; backward: ``grad_logits @ W``),
-    so those bound the difference (see tests/policies/test_chunked_log_probs.py); the shorter
-    ones (hidden 64, positions <= 30) add less, in quadrature. A position scored from the wrong
-    context or the wrong place moves a log-prob by ~0.1-1."""
-    (values, grads), (want, want_grads) = packed, padded
-    vocab = model.config.vocab_size
-    atol = log_prob_atol(_max_logit(model, sequences), vocab)
-    torch.testing.assert_close(values.log_probs, want.log_probs, atol=atol, rtol=0)
-    if want.entropy is not None:
-        torch.testing.assert_close(values.entropy, want.entropy, atol=atol, rtol=0)
-    assert set(grads) == set(want_grads) and grads
-    for name, grad in grads.items():
-        bound = summation_atol(max_abs(want_grads[name]), vocab)
-        torch.testing.assert_close(grad, want_grads[name], atol=bound, rtol=0, msg=name)
-
-
 @pytest.mark.parametrize("chunk_size", [None, 5, 1024], ids=["logits", "chunks", "one-chunk"])
 @pytest.mark.parametrize("entropy", [False, True], ids=["", "entropy"])
 def test_packed_responses_score_like_padded_rows(tiny, chunk_size, entropy):
-    sequences = _sequences(tiny.config.vocab_size)
+    sequences = sequences_of(tiny.config.vocab_size)
     head = {"log_prob_chunk_size": chunk_size, "with_entropy": entropy}
-    packed = _values_and_grads(
+    packed = values_and_grads(
         tiny, lambda: score_packed(tiny, sequences, PROMPTS, 0, "cpu", **head)
     )
-    padded = _values_and_grads(
+    padded = values_and_grads(
         tiny,
         lambda: score_responses(tiny, sequences, PROMPTS, 0, "cpu", share_prompts=False, **head),
     )
@@ -149,7 +106,7 @@ def _tokens_batch(sequences, prompts) -> TensorDict:
 def test_the_wrapper_scores_packed_rows_by_default_and_padded_rows_when_told(
     tiny, tokenizer, responses_only
 ):
-    sequences = _sequences(tiny.config.vocab_size, seed=3)
+    sequences = sequences_of(tiny.config.vocab_size, seed=3)
     options = {
         "generate": False,
         "input_mode": "tokens",
@@ -168,8 +125,8 @@ def test_the_wrapper_scores_packed_rows_by_default_and_padded_rows_when_told(
 
     shapes, hook = _forward_shapes(tiny)
     try:
-        packed = _values_and_grads(tiny, lambda: scores(packed_policy))
-        padded = _values_and_grads(tiny, lambda: scores(padded_policy))
+        packed = values_and_grads(tiny, lambda: scores(packed_policy))
+        padded = values_and_grads(tiny, lambda: scores(padded_policy))
     finally:
         hook.remove()
     # packed: 30 | 30 | 17 + 12 | 9 + 6 + 4 in rows of 30 (108 tokens, 12 positions of
@@ -183,7 +140,7 @@ def test_rows_sharing_a_long_prompt_keep_the_shared_prompt_forward(tiny, tokeniz
     """G short responses to one long prompt cost fewer positions with the prompt computed once
     than packed (where every row holds its own copy); long responses the other way round."""
     vocab = tiny.config.vocab_size
-    prompt = _sequences(vocab, [40], seed=4)[0]
+    prompt = sequences_of(vocab, [40], seed=4)[0]
     cases = [
         # shared: 39 prefix + 4 x (1 + 3) = 55 positions; packed: 4 rows of 43 = 172
         ([3, 1, 2, 3], [[1, 39], [4, 4]]),
@@ -191,7 +148,7 @@ def test_rows_sharing_a_long_prompt_keep_the_shared_prompt_forward(tiny, tokeniz
         ([100, 1, 2, 3], [[2, 140]]),
     ]
     for response_lengths, want in cases:
-        responses = _sequences(vocab, response_lengths, seed=5)
+        responses = sequences_of(vocab, response_lengths, seed=5)
         sequences = [torch.cat([prompt, r]) for r in responses]
         assert packing_problem(tiny) is None
         shapes, hook = _forward_shapes(tiny)
@@ -214,12 +171,12 @@ def test_activation_checkpointing_and_lora_score_packed_like_padded(tokenizer):
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(7))
-    sequences = _sequences(model.config.vocab_size, seed=8)
+    sequences = sequences_of(model.config.vocab_size, seed=8)
     head = {"log_prob_chunk_size": 16, "with_entropy": True}
-    packed = _values_and_grads(
+    packed = values_and_grads(
         model, lambda: score_packed(model, sequences, PROMPTS, 0, "cpu", **head)
     )
-    padded = _values_and_grads(
+    padded = values_and_grads(
         model,
         lambda: score_responses(model, sequences, PROMPTS, 0, "cpu", share_prompts=False, **head),
     )
@@ -228,13 +185,13 @@ def test_activation_checkpointing_and_lora_score_packed_like_padded(tokenizer):
 
 
 def test_packed_rows_under_bfloat16_autocast_match_padded_rows_to_bfloat16_rounding(tiny):
-    sequences = _sequences(tiny.config.vocab_size, seed=9)
+    sequences = sequences_of(tiny.config.vocab_size, seed=9)
     head = {"log_prob_chunk_size": 64, "with_entropy": False}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        packed = _values_and_grads(
+        packed = values_and_grads(
             tiny, lambda: score_packed(tiny, sequences, PROMPTS, 0, "cpu", **head)
         )
-        padded = _values_and_grads(
+        padded = values_and_grads(
             tiny,
             lambda: score_responses(
                 tiny, sequences, PROMPTS, 0, "cpu", share_prompts=False, **head
@@ -245,17 +202,13 @@ def test_packed_rows_under_bfloat16_autocast_match_padded_rows_to_bfloat16_round
     # that difference passes through the remaining layers. The logits (<= max|z|) are the last
     # rounded values before the fp32 log-softmax: BF16_ROUNDINGS roundings of max|z| bound a
     # log-prob's move (z_y - lse, each term moved by at most that much).
-    max_logit = _max_logit(tiny, sequences)
-    atol = rounding_atol(max_logit, torch.bfloat16, BF16_ROUNDINGS)
+    largest = max_logit(tiny, sequences)
+    atol = rounding_atol(largest, torch.bfloat16, BF16_ROUNDINGS)
     torch.testing.assert_close(packed[0].log_probs, padded[0].log_probs, atol=atol, rtol=0)
     for name, grad in packed[1].items():
         want = padded[1][name]
         bound = rounding_atol(max_abs(want), torch.bfloat16, BF16_ROUNDINGS)
         torch.testing.assert_close(grad, want, atol=bound, rtol=0, msg=name)
-
-
-BF16_ROUNDINGS = 2 * 3  # two per layer boundary (2 decoder layers and the output layer)
-"""How many bf16 roundings of a value's magnitude separate the two computations at most."""
 
 
 def test_a_model_that_leaks_across_packed_sequences_is_scored_padded_with_the_reason_logged(
@@ -269,7 +222,7 @@ def test_a_model_that_leaks_across_packed_sequences_is_scored_padded_with_the_re
     options = {"generate": False, "input_mode": "tokens", "pad_output": True}
     policy = TransformersWrapper(model, tokenizer, **options)
     padded_policy = TransformersWrapper(model, tokenizer, packing=False, **options)
-    sequences = _sequences(model.config.vocab_size, seed=11)
+    sequences = sequences_of(model.config.vocab_size, seed=11)
     batch = _tokens_batch(sequences, PROMPTS)
     with caplog.at_level(logging.WARNING, logger="llmrl.policies.packing"):
         problem = packing_problem(model)
@@ -316,7 +269,7 @@ def test_a_weak_leak_across_packed_sequences_is_refused(tokenizer, caplog):
     options = {"generate": False, "input_mode": "tokens", "pad_output": True}
     policy = TransformersWrapper(model, tokenizer, **options)
     padded_policy = TransformersWrapper(model, tokenizer, packing=False, **options)
-    batch = _tokens_batch(_sequences(model.config.vocab_size, seed=11), PROMPTS)
+    batch = _tokens_batch(sequences_of(model.config.vocab_size, seed=11), PROMPTS)
     with torch.no_grad():
         got = policy(batch.clone())["log_probs"].full
         want = padded_policy(batch.clone())["log_probs"].full
@@ -332,4 +285,4 @@ def test_an_attention_implementation_that_cannot_pack_is_named(tokenizer):
 
 def test_a_model_that_packs_passes_the_probe(tiny):
     assert packing_problem(tiny) is None
-    assert math.isfinite(_max_logit(tiny, _sequences(tiny.config.vocab_size, [4])))
+    assert math.isfinite(max_logit(tiny, sequences_of(tiny.config.vocab_size, [4])))
