@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,38 +58,40 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return skipped
 
 
-def package_imports(root: Path) -> list[tuple[str, str, str]]:
-    """``(importing package, imported package, file:line)`` for every cross-package import
-    under ``root/llmrl``."""
-    found = []
+def _imports(root: Path) -> Iterator[tuple[str, Path, ast.stmt, str]]:
+    """``(importing module, its file relative to root, import node, imported module)`` for every
+    import under ``root/llmrl`` (``TYPE_CHECKING`` blocks aside; relative imports resolved);
+    ``from m import a, b`` names ``m`` once."""
     for file in sorted((root / "llmrl").rglob("*.py")):
         relative = file.relative_to(root)
-        module = ".".join(relative.with_suffix("").parts)
-        if file.name == "__init__.py":
-            module = module.rsplit(".", 1)[0]
-        source = _package(module)
+        module = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
         tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
         skipped = _type_checking_nodes(tree)
         for node in ast.walk(tree):
             if id(node) in skipped:
                 continue
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                for alias in node.names:
+                    yield module, relative, node, alias.name
             elif isinstance(node, ast.ImportFrom):
                 if node.level:  # relative: resolve against this module's package
                     base = module.split(".")
                     if file.name != "__init__.py":
                         base = base[:-1]
                     base = base[: len(base) - (node.level - 1)]
-                    targets = [".".join([*base, node.module] if node.module else base)]
+                    yield module, relative, node, ".".join([*base, node.module or ""]).strip(".")
                 else:
-                    targets = [node.module or ""]
-            else:
-                continue
-            for target in targets:
-                imported = _package(target)
-                if imported and imported != source:
-                    found.append((source, imported, f"{relative}:{node.lineno}"))
+                    yield module, relative, node, node.module or ""
+
+
+def package_imports(root: Path) -> list[tuple[str, str, str]]:
+    """``(importing package, imported package, file:line)`` for every cross-package import
+    under ``root/llmrl``."""
+    found = []
+    for module, relative, node, target in _imports(root):
+        source, imported = _package(module), _package(target)
+        if imported and imported != source:
+            found.append((source, imported, f"{relative}:{node.lineno}"))
     return found
 
 
@@ -147,32 +150,25 @@ def module_cycles(root: Path) -> list[list[str]]:
     """Each set of ``llmrl`` modules that import one another around a loop (sorted), with every
     import counted (inside functions too; ``TYPE_CHECKING`` aside). ``from pkg import name``
     is an import of the module ``pkg.name`` when there is one, else of ``pkg``."""
-    files = {}
-    for file in sorted((root / "llmrl").rglob("*.py")):
-        module = ".".join(file.relative_to(root).with_suffix("").parts)
-        files[module.removesuffix(".__init__")] = file
+    files = {
+        ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for f in (root / "llmrl").rglob("*.py")
+    }
     edges: dict[str, set[str]] = {}
-    for module, file in files.items():
-        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
-        skipped = _type_checking_nodes(tree)
-        for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                names = [f"{node.module}.{alias.name}" for alias in node.names]
-                targets = [name if name in files else node.module for name in names]
-            else:
-                continue
-            edges.setdefault(module, set()).update(t for t in targets if t in files and t != module)
+    for module, _, node, target in _imports(root):
+        if isinstance(node, ast.ImportFrom):  # an imported name may be a module of its own
+            names = [f"{target}.{alias.name}" for alias in node.names]
+            targets = [name if name in files else target for name in names]
+        else:
+            targets = [target]
+        edges.setdefault(module, set()).update(t for t in targets if t in files and t != module)
     # strongly connected components (Tarjan), iteratively
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     cycles: list[list[str]] = []
-    for start in files:
+    for start in sorted(files):
         if start in index:
             continue
         work = [(start, iter(sorted(edges.get(start, ()))))]
