@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flows.launchers.settings import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
-from tests.support.image_pods import ImageRoot, PodContainer, image_exists, run_in_image
+from tests.support.image_pods import ImageRoot, PodContainer, run_in_image
 from tests.support.paths import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -25,7 +25,7 @@ REPOSITORY = os.environ.get("LLMRL_IMAGE_REPOSITORY", "localhost/llmrl")
 def image(target: str) -> str:
     """The built image of a Dockerfile target; fails (never skips) when it is not built."""
     reference = image_builds.image_tag(target, REPOSITORY)
-    if shutil.which("buildah") is None or not image_exists(reference):
+    if shutil.which("buildah") is None or not image_builds.image_exists(reference, None):
         make = "make image-gpu" if target == "gpu" else "make images"
         pytest.fail(f"image {reference} is not built: run `{make}`")
     return reference

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -38,7 +39,7 @@ from flows.launchers.manifests import build_job_manifest, build_rayjob_manifest
 from tests.images.image_checks import image
 from tests.support.chart import NAMESPACE, objects, of_kind, stage_inputs
 from tests.support.chart_services import deployment
-from tests.support.image_pods import ImageRoot, PodContainer, run_in_image
+from tests.support.image_pods import ImageRoot, PodContainer, pod_argv, run_in_image
 from tests.support.k8s_manifests import JOB_TEMPLATE, fill
 from tests.support.paths import REPO
 from tests.support.prefect_server import PrefectCli, client_env, sqlite_server
@@ -106,8 +107,6 @@ def mlflow_server(chart, tmp_path_factory) -> Iterator[tuple[ServiceProcess, Pat
     )
     probe = spec.container["readinessProbe"]["httpGet"]
     with ImageRoot(image("mlflow")) as root:
-        from tests.support.image_pods import pod_argv
-
         server = ServiceProcess(
             pod_argv(spec, root, scratch),
             {"PATH": os.environ["PATH"]},
@@ -188,8 +187,6 @@ def run_stage(
     else:
         head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
         pod, container = head, head["containers"][0]
-        import shlex
-
         argv = shlex.split(manifest["spec"]["entrypoint"])
     configs = scratch / "stage-config"
     configs.mkdir(parents=True, exist_ok=True)
@@ -203,15 +200,8 @@ def run_stage(
         extra_env={"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"},
         argv=argv,
     )
-    with ImageRoot(manifest_image(manifest)) as root:
+    with ImageRoot(container["image"]) as root:
         return run_in_image(spec, root, scratch, timeout=STAGE_TIMEOUT_S)
-
-
-def manifest_image(manifest: dict[str, Any]) -> str:
-    if manifest["kind"] == "Job":
-        return pod_of(manifest)["containers"][0]["image"]
-    head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-    return head["containers"][0]["image"]
 
 
 def test_cpu_image_runs_prepare_sft_and_grpo_as_the_launcher_builds_them(

@@ -48,14 +48,6 @@ def _buildah(*args: str) -> str:
     return done.stdout.strip()
 
 
-def image_exists(image: str) -> bool:
-    """Whether buildah's storage holds ``image``."""
-    found = subprocess.run(
-        ["buildah", "inspect", "--type", "image", image], capture_output=True, text=True
-    )
-    return found.returncode == 0
-
-
 @dataclass
 class ImageRoot:
     """A buildah container of ``image``: its mounted root and the image's config."""
